@@ -1,0 +1,3 @@
+"""Inferix: inference engine and service mesh for block-diffusion video world models."""
+
+__version__ = "0.1.0"

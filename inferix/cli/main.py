@@ -1,0 +1,50 @@
+"""The `inferix` command line: one sub-command per module in this package."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from inferix import __version__
+from inferix.errors import UserError
+
+# Each module exposes `register(subparsers)`, which adds one sub-command whose parser
+# sets `func(args) -> int`.
+_COMMAND_MODULES = [
+    "inferix.cli.verify_golden",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(
+        prog="inferix",
+        description="Inferix: block-diffusion video world models, from one laptop to a GPU cluster.",
+    )
+    parser.add_argument("--version", action="version", version=f"inferix {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except UserError as exc:
+        print(f"inferix {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"inferix {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
