@@ -1,0 +1,3 @@
+from workers.engine.attention.backends import AttentionBackend, get_backend
+
+__all__ = ["AttentionBackend", "get_backend"]

@@ -1,0 +1,32 @@
+# Everyday commands. `make install && make demo` on a fresh machine; `make test` runs the suite.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install system-deps test lint bench demo verify-golden clean
+
+install: system-deps
+	$(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q -e ".[dev]"
+
+system-deps:
+	bash scripts/install-system-deps.sh
+
+test:
+	$(PYTHON) -m pytest -q
+
+lint:
+	ruff check .
+	ruff format --check .
+	mypy inferix workers bench
+
+bench:
+	$(PYTHON) bench/engine.py
+
+verify-golden:
+	inferix verify-golden tests/golden
+
+demo: verify-golden
+
+clean:
+	rm -rf out .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,59 @@
+"""`inferix verify-golden DIR`: run golden reference cases through the engine and compare."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from workers.engine.golden import DEFAULT_TOLERANCE, find_cases, verify_case
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "verify-golden",
+        help="compare the engine with reference golden vectors",
+        description=(
+            "Run every golden case in DIR (a case folder with config.json, or a folder of them) "
+            "through the engine and print the max abs diff of every compared tensor. Exits 1 if "
+            "any diff is above the tolerance."
+        ),
+    )
+    parser.add_argument("directory", type=Path, metavar="DIR", help="golden case folder, or a folder of cases")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=DEFAULT_TOLERANCE,
+        help=f"max abs diff allowed (default {DEFAULT_TOLERANCE})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object per comparison")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the reference)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    failed = 0
+    total = 0
+    for case in find_cases(args.directory):
+        for comparison in verify_case(case, args.tolerance):
+            total += 1
+            failed += not comparison.passed
+            if args.json:
+                record: dict[str, Any] = {
+                    "case": comparison.case,
+                    "tensor": comparison.name,
+                    "max_abs_diff": comparison.max_abs_diff,
+                    "tolerance": comparison.tolerance,
+                    "passed": comparison.passed,
+                }
+                print(json.dumps(record))
+            else:
+                status = "ok  " if comparison.passed else "FAIL"
+                print(f"{status} {comparison.case:<28} {comparison.name:<36} {comparison.max_abs_diff:.3e}")
+    print(f"{total - failed} passed, {failed} failed", file=sys.stderr if args.json else sys.stdout)
+    return 1 if failed else 0

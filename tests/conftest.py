@@ -1,0 +1,17 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+GOLDEN_CASES = sorted(p.name for p in GOLDEN_DIR.iterdir() if (p / "config.json").is_file())
+
+
+@pytest.fixture(autouse=True)
+def _single_thread() -> None:
+    # The golden vectors were made with one thread; it also keeps the suite steady on 2 cores.
+    torch.set_num_threads(1)

@@ -1,0 +1,53 @@
+"""Parity with the reference Self Forcing / CausVid code: the definition of checkpoint compatibility."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from inferix.cli.main import main
+from tests.conftest import GOLDEN_CASES, GOLDEN_DIR
+
+
+@pytest.mark.parametrize("case", GOLDEN_CASES)
+def test_verify_golden_passes(case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify-golden", str(GOLDEN_DIR / case), "--json"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    names = {r["tensor"] for r in records}
+    # Every family of tensors is compared: single forward, every step of every block, cache.
+    assert {"dit_forward.flow0", "dit_forward.flow1", "pipeline.latents"} <= names
+    config = json.loads((GOLDEN_DIR / case / "config.json").read_text())
+    blocks = config["pipeline"]["num_blocks"]
+    steps = len(config["pipeline"]["denoising_step_list_used"])
+    assert sum(n.startswith("pipeline.x0_") for n in names) == blocks * steps
+    layers = config["kv_cache"]["layers_saved"]
+    assert sum(n.startswith("kv_cache.") for n in names) == 2 * len(layers)
+    assert all(r["passed"] and r["max_abs_diff"] <= 1e-5 for r in records)
+
+
+def test_verify_golden_runs_every_case_in_a_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify-golden", str(GOLDEN_DIR)]) == 0
+    out = capsys.readouterr().out
+    assert all(case in out for case in GOLDEN_CASES)
+    assert out.strip().endswith("0 failed")
+
+
+def test_verify_golden_fails_on_a_tampered_case(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    case = tmp_path / "tampered"
+    shutil.copytree(GOLDEN_DIR / "selfforcing_tiny_rolling", case)
+    outputs = load_file(str(case / "outputs.safetensors"))
+    outputs["x0_b4_s2"] = outputs["x0_b4_s2"] + 1e-4
+    save_file(outputs, str(case / "outputs.safetensors"))
+    assert main(["verify-golden", str(case)]) == 1
+    out = capsys.readouterr().out
+    failing = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert len(failing) == 1 and "pipeline.x0_b4_s2" in failing[0]
+
+
+def test_verify_golden_rejects_a_folder_without_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify-golden", str(tmp_path)]) == 2
+    assert "no golden case found" in capsys.readouterr().err

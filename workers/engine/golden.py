@@ -1,0 +1,207 @@
+"""Golden-vector verification: run a reference case folder through our engine and compare.
+
+A case folder (see tests/golden/README.md) holds `config.json` plus safetensors files produced
+by the reference code on tiny random models. `find_cases` accepts a case folder or a folder of
+case folders; `verify_case` returns one `Comparison` per compared tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor
+
+from inferix.errors import UserError
+from workers.engine.config import BlockConfig, FlowMatchConfig, SamplingConfig, WanDiTConfig
+from workers.engine.flow_match import FlowMatchSchedule
+from workers.engine.kv.pool import KVPool
+from workers.engine.models.wan.dit import CausalWanDiT
+from workers.engine.noise import RecordedNoise
+from workers.engine.pipeline import BlockDiffusionPipeline, PipelineConfig
+
+DEFAULT_TOLERANCE = 1e-5
+_RENOISE_KEY = re.compile(r"renoise_b(\d+)_s(\d+)$")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    case: str
+    name: str
+    max_abs_diff: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance
+
+
+class GoldenCase:
+    """Lazy access to one case folder's config and tensor files."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.name = folder.name
+        try:
+            self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"{folder / 'config.json'}: cannot read the golden config ({exc})") from exc
+        self._files: dict[str, dict[str, Tensor]] = {}
+
+    def tensors(self, stem: str) -> dict[str, Tensor]:
+        if stem not in self._files:
+            path = self.folder / f"{stem}.safetensors"
+            if not path.is_file():
+                raise UserError(f"{path}: missing golden file (expected next to config.json)")
+            self._files[stem] = load_file(str(path))
+        return self._files[stem]
+
+    def has(self, stem: str) -> bool:
+        return (self.folder / f"{stem}.safetensors").is_file()
+
+    # ---- configuration ----------------------------------------------------------------------
+    def dit_config(self) -> WanDiTConfig:
+        return WanDiTConfig.from_dict(self.config["dit"])
+
+    def pipeline_config(self) -> PipelineConfig:
+        p = self.config["pipeline"]
+        s = self.config["scheduler"]
+        warp = bool(p["warp_denoising_step"])
+        steps = p["denoising_step_list_config"] if warp else p["denoising_step_list_used"]
+        dtype: Literal["float32", "int64"] = "int64" if "int64" in p["denoising_step_list_used_dtype"] else "float32"
+        sampling = SamplingConfig(
+            denoising_steps=tuple(steps),
+            warp=warp,
+            timestep_dtype=dtype,
+            context_noise=float(p["context_noise"]),
+            schedule=FlowMatchConfig(
+                num_train_timesteps=int(s.get("num_train_timesteps", 1000)),
+                shift=float(s["shift"]),
+                sigma_min=float(s.get("sigma_min", 0.0)),
+                sigma_max=float(s.get("sigma_max", 1.0)),
+            ),
+        )
+        block = BlockConfig(
+            num_frame_per_block=int(p["num_frame_per_block"]),
+            local_attn_size=int(p["local_attn_size"]),
+            sink_size=int(p["sink_size"]),
+        )
+        return PipelineConfig(block=block, sampling=sampling)
+
+    def build_dit(self) -> CausalWanDiT:
+        dit = CausalWanDiT(self.dit_config(), attention_backend="sdpa")
+        dit.load_state_dict(self.tensors("dit"), strict=True)
+        return dit.eval()
+
+
+def find_cases(root: Path) -> list[GoldenCase]:
+    """The case folders at `root`: itself if it has a config.json, else its sub-folders that do."""
+    if not root.is_dir():
+        raise UserError(f"{root}: not a directory; pass a golden case folder or a folder of them")
+    if (root / "config.json").is_file():
+        return [GoldenCase(root)]
+    cases = [GoldenCase(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()]
+    if not cases:
+        raise UserError(f"{root}: no golden case found (a case is a folder with config.json)")
+    return cases
+
+
+def _diff(a: Tensor, b: Tensor) -> float:
+    if a.shape != b.shape:
+        raise AssertionError(f"shape mismatch: ours {list(a.shape)} vs golden {list(b.shape)}")
+    if a.numel() == 0:
+        return 0.0
+    return float((a.double() - b.double()).abs().max())
+
+
+# ---- checks -------------------------------------------------------------------------------
+def check_schedule(case: GoldenCase, tol: float) -> Iterator[Comparison]:
+    pipeline = case.pipeline_config()
+    schedule = FlowMatchSchedule(pipeline.sampling.schedule)
+    golden = case.tensors("scheduler")
+    yield Comparison(case.name, "scheduler.sigmas", _diff(schedule.sigmas, golden["sigmas"]), tol)
+    yield Comparison(case.name, "scheduler.timesteps", _diff(schedule.timesteps, golden["timesteps"]), 0.0)
+    used = torch.tensor(case.config["pipeline"]["denoising_step_list_used"], dtype=torch.float64)
+    ours = schedule.denoising_timesteps(pipeline.sampling).double()
+    yield Comparison(case.name, "pipeline.denoising_timesteps", _diff(ours, used), 0.0)
+
+
+def check_dit_forward(case: GoldenCase, tol: float) -> Iterator[Comparison]:
+    """Two stand-alone DiT calls on a fresh cache; the second attends to the first."""
+    if not case.has("dit_forward"):
+        return
+    dit = case.build_dit()
+    pipeline_cfg = case.pipeline_config()
+    schedule = FlowMatchSchedule(pipeline_cfg.sampling.schedule)
+    data = case.tensors("dit_forward")
+    prompt = dit.encode_prompt(case.tensors("inputs")["prompt_embeds"])
+    _, frames, _, h, w = data["dit_fwd_in0"].shape
+    block = pipeline_cfg.block
+    pipeline = BlockDiffusionPipeline(dit, pipeline_cfg)
+    pool = KVPool(pipeline.pool_spec(h, w, 2 * frames))
+    cache = pool.open_session(
+        "dit_forward",
+        dit.config.tokens_per_frame(h, w),
+        window_frames=None if block.is_global else block.local_attn_size,
+        sink_frames=block.sink_size,
+    )
+    with torch.no_grad():
+        for call in (0, 1):
+            x, t = data[f"dit_fwd_in{call}"], data[f"dit_fwd_t{call}"]
+            flow = dit(x, t, prompt, cache, start_frame=call * frames)
+            x0 = schedule.x0_from_flow(x, flow, t)
+            yield Comparison(case.name, f"dit_forward.flow{call}", _diff(flow, data[f"dit_fwd_flow{call}"]), tol)
+            yield Comparison(case.name, f"dit_forward.x0_{call}", _diff(x0, data[f"dit_fwd_x0_{call}"]), tol)
+
+
+def check_pipeline(case: GoldenCase, tol: float) -> Iterator[Comparison]:
+    """The full block loop with the recorded noise: x0 of every step, latents, final KV cache."""
+    dit = case.build_dit()
+    inputs = case.tensors("inputs")
+    outputs = case.tensors("outputs")
+    renoise = {
+        (int(m.group(1)), int(m.group(2))): t for key, t in inputs.items() if (m := _RENOISE_KEY.match(key)) is not None
+    }
+    noise = RecordedNoise(inputs["initial_noise"], renoise)
+    pipeline = BlockDiffusionPipeline(dit, case.pipeline_config())
+    _, frames, _, h, w = inputs["initial_noise"].shape
+    num_blocks = frames // pipeline.config.block.num_frame_per_block
+    session = pipeline.open_session(
+        inputs["prompt_embeds"], h, w, noise=noise, num_blocks=num_blocks, record_steps=True
+    )
+    blocks = list(session)
+    for block in blocks:
+        for step, x0 in enumerate(block.step_x0):
+            key = f"x0_b{block.index}_s{step}"
+            yield Comparison(case.name, f"pipeline.{key}", _diff(x0, outputs[key]), tol)
+    latents = torch.cat([b.latents for b in blocks], dim=1)
+    yield Comparison(case.name, "pipeline.latents", _diff(latents, outputs["latents"]), tol)
+    for layer in case.config.get("kv_cache", {}).get("layers_saved", []):
+        ours_k, ours_v = session.cache.layer_kv(layer)
+        end_key = f"kv_l{layer}_local_end_index"
+        used = int(outputs[end_key][0]) if end_key in outputs else ours_k.shape[0]
+        for kind, ours in (("k", ours_k), ("v", ours_v)):
+            golden = outputs[f"kv_l{layer}_{kind}"][0, :used]
+            yield Comparison(case.name, f"kv_cache.layer{layer}.{kind}", _diff(ours, golden), tol)
+    session.close()
+
+
+CHECKS: list[Callable[[GoldenCase, float], Iterator[Comparison]]] = [
+    check_schedule,
+    check_dit_forward,
+    check_pipeline,
+]
+
+
+def verify_case(case: GoldenCase, tolerance: float = DEFAULT_TOLERANCE) -> list[Comparison]:
+    torch.manual_seed(0)
+    results: list[Comparison] = []
+    for check in CHECKS:
+        results.extend(check(case, tolerance))
+    return results

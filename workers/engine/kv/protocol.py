@@ -1,0 +1,23 @@
+"""The interface between the DiT's self-attention and a per-session KV cache."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from torch import Tensor
+
+from workers.engine.attention.backends import AttentionBackend
+
+
+class SelfAttentionCache(Protocol):
+    """Per-session self-attention K/V store used by the causal DiT.
+
+    The DiT calls `begin` once per forward with the absolute latent frames it is about to write,
+    then `attend` in every layer: the cache stores the block's (post-RoPE) K and V for those frames
+    -- overwriting them if the frames are already cached, as every denoising step and the context
+    pass of one block do -- and returns attention of q over every cached token, in frame order.
+    """
+
+    def begin(self, start_frame: int, num_frames: int) -> None: ...
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor: ...

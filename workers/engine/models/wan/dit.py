@@ -1,0 +1,282 @@
+"""Causal Wan DiT (Wan2.1 T2V architecture, block-causal inference with a KV cache).
+
+One readable file whose parameter names match the Wan2.1 / Self Forcing / CausVid checkpoints
+(`blocks.N.self_attn.q.weight`, ...). Inputs use the pipeline layout [B, F, C, h, w]. Each
+latent frame has its own timestep, so every frame gets its own 6-way modulation.
+
+Numerics follow the reference: the sinusoidal time embedding and RoPE are computed in float64,
+modulation and norms in float32, and x0 is recovered from the flow prediction by the sampler.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import Tensor, nn
+
+from workers.engine.attention.backends import AttentionBackend, get_backend
+from workers.engine.config import WanDiTConfig
+from workers.engine.kv.protocol import SelfAttentionCache
+from workers.engine.models.wan.rope import RopeTable, apply_rope
+
+
+@dataclass
+class CrossAttentionKV:
+    """Per-layer cross-attention K/V of one prompt: computed once, reused by every block."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+def sinusoidal_embedding(dim: int, positions: Tensor) -> Tensor:
+    """cat[cos(t*w), sin(t*w)] with w_j = 10000^(-j/half), in float64 (as the reference)."""
+    half = dim // 2
+    pos = positions.to(torch.float64)
+    freqs = torch.pow(10000, -torch.arange(half, dtype=torch.float64, device=pos.device).div(half))
+    angles = torch.outer(pos, freqs)
+    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm computed in float32 (matters for bf16 weights)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.float()).type_as(x)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: WanDiTConfig) -> None:
+        super().__init__()
+        dim = config.dim
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q: nn.Module = RMSNorm(dim, config.eps) if config.qk_norm else nn.Identity()
+        self.norm_k: nn.Module = RMSNorm(dim, config.eps) if config.qk_norm else nn.Identity()
+
+    def forward(
+        self,
+        x: Tensor,
+        rotations: Tensor,
+        layer: int,
+        cache: SelfAttentionCache | None,
+        backend: AttentionBackend,
+    ) -> Tensor:
+        b, s, _ = x.shape
+        shape = (b, s, self.num_heads, self.head_dim)
+        q = self.norm_q(self.q(x)).view(shape)
+        k = self.norm_k(self.k(x)).view(shape)
+        v = self.v(x).view(shape)
+        q = apply_rope(q, rotations).type_as(v)
+        k = apply_rope(k, rotations).type_as(v)
+        out = backend.dense(q, k, v) if cache is None else cache.attend(layer, q, k, v, backend)
+        return self.o(out.flatten(2))
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, config: WanDiTConfig) -> None:
+        super().__init__()
+        dim = config.dim
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+        self.norm_q: nn.Module = RMSNorm(dim, config.eps) if config.qk_norm else nn.Identity()
+        self.norm_k: nn.Module = RMSNorm(dim, config.eps) if config.qk_norm else nn.Identity()
+
+    def project_context(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        b, n, _ = context.shape
+        shape = (b, n, self.num_heads, self.head_dim)
+        return self.norm_k(self.k(context)).view(shape), self.v(context).view(shape)
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
+        b, s, _ = x.shape
+        q = self.norm_q(self.q(x)).view(b, s, self.num_heads, self.head_dim)
+        return self.o(backend.dense(q, k, v).flatten(2))
+
+
+class AttentionBlock(nn.Module):
+    def __init__(self, config: WanDiTConfig) -> None:
+        super().__init__()
+        dim = config.dim
+        self.norm1 = LayerNorm(dim, config.eps, elementwise_affine=False)
+        self.self_attn = SelfAttention(config)
+        self.norm3: nn.Module = (
+            LayerNorm(dim, config.eps, elementwise_affine=True) if config.cross_attn_norm else nn.Identity()
+        )
+        self.cross_attn = CrossAttention(config)
+        self.norm2 = LayerNorm(dim, config.eps, elementwise_affine=False)
+        self.ffn = nn.Sequential(
+            nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(config.ffn_dim, dim)
+        )
+        self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+
+    def forward(
+        self,
+        x: Tensor,
+        e: Tensor,
+        rotations: Tensor,
+        layer: int,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        cache: SelfAttentionCache | None,
+        backend: AttentionBackend,
+    ) -> Tensor:
+        # x: [B, F*S, dim]; e: [B, F, 6, dim] float32 (one modulation per latent frame).
+        b, frames = e.shape[:2]
+        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.unsqueeze(1) + e).chunk(6, dim=2)
+
+        def per_frame(t: Tensor) -> Tensor:
+            return t.unflatten(1, (frames, -1))
+
+        h = (per_frame(self.norm1(x)).float() * (1 + scale1) + shift1).flatten(1, 2).type_as(x)
+        y = self.self_attn(h, rotations, layer, cache, backend)
+        x = x + (per_frame(y).float() * gate1).flatten(1, 2).type_as(x)
+        x = x + self.cross_attn(self.norm3(x), cross_k, cross_v, backend)
+        h = (per_frame(self.norm2(x)).float() * (1 + scale2) + shift2).flatten(1, 2).type_as(x)
+        y = self.ffn(h)
+        return x + (per_frame(y).float() * gate2).flatten(1, 2).type_as(x)
+
+
+class Head(nn.Module):
+    def __init__(self, config: WanDiTConfig) -> None:
+        super().__init__()
+        out = config.out_dim * math.prod(config.patch_size)
+        self.norm = LayerNorm(config.dim, config.eps, elementwise_affine=False)
+        self.head = nn.Linear(config.dim, out)
+        self.modulation = nn.Parameter(torch.randn(1, 2, config.dim) / config.dim**0.5)
+
+    def forward(self, x: Tensor, e: Tensor) -> Tensor:
+        # e: [B, F, 1, dim] float32
+        frames = e.shape[1]
+        shift, scale = (self.modulation.unsqueeze(1) + e).chunk(2, dim=2)
+        h = self.norm(x).unflatten(1, (frames, -1)).float() * (1 + scale) + shift
+        return self.head(h.flatten(1, 2).type_as(x))
+
+
+class CausalWanDiT(nn.Module):
+    """Wan2.1 DiT for block-causal generation: `forward` denoises one block against a KV cache."""
+
+    def __init__(self, config: WanDiTConfig, attention_backend: str = "auto") -> None:
+        super().__init__()
+        self.config = config
+        dim = config.dim
+        self.patch_embedding = nn.Conv3d(config.in_dim, dim, kernel_size=config.patch_size, stride=config.patch_size)
+        self.text_embedding = nn.Sequential(
+            nn.Linear(config.text_dim, dim), nn.GELU(approximate="tanh"), nn.Linear(dim, dim)
+        )
+        self.time_embedding = nn.Sequential(nn.Linear(config.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, dim * 6))
+        self.blocks = nn.ModuleList([AttentionBlock(config) for _ in range(config.num_layers)])
+        self.head = Head(config)
+        self.rope = RopeTable(config.head_dim, config.rope_max_positions, config.rope_theta)
+        self.backend = get_backend(attention_backend)
+
+    def set_attention_backend(self, name: str) -> None:
+        self.backend = get_backend(name)
+
+    # ---- prompt -----------------------------------------------------------------------------
+    def encode_prompt(self, prompt_embeds: Tensor) -> CrossAttentionKV:
+        """Text-encoder output [B, L<=text_len, text_dim] -> per-layer cross-attention K/V.
+
+        Shorter prompts are zero-padded to `text_len`; like the reference, cross-attention then
+        attends to all `text_len` positions (padding rows become the embedding's bias).
+        """
+        cfg = self.config
+        if prompt_embeds.dim() != 3 or prompt_embeds.shape[-1] != cfg.text_dim:
+            raise ValueError(
+                f"prompt_embeds must have shape [batch, tokens<= {cfg.text_len}, text_dim={cfg.text_dim}], "
+                f"got {list(prompt_embeds.shape)}"
+            )
+        if prompt_embeds.shape[1] > cfg.text_len:
+            raise ValueError(f"prompt_embeds has {prompt_embeds.shape[1]} tokens; text_len is {cfg.text_len}")
+        param = self.patch_embedding.weight
+        context = prompt_embeds.to(device=param.device, dtype=param.dtype)
+        pad = cfg.text_len - context.shape[1]
+        if pad:
+            context = torch.cat([context, context.new_zeros(context.shape[0], pad, context.shape[2])], dim=1)
+        context = self.text_embedding(context)
+        keys, values = [], []
+        for block in self.blocks:
+            k, v = cast(AttentionBlock, block).cross_attn.project_context(context)
+            keys.append(k)
+            values.append(v)
+        return CrossAttentionKV(keys, values)
+
+    # ---- forward ----------------------------------------------------------------------------
+    def forward(
+        self,
+        x: Tensor,
+        timesteps: Tensor,
+        prompt: CrossAttentionKV,
+        cache: SelfAttentionCache | None = None,
+        start_frame: int = 0,
+    ) -> Tensor:
+        """Flow prediction for latents x [B, F, C, h, w] with per-frame timesteps [B, F].
+
+        `start_frame` is the absolute latent-frame index of x[:, 0] (RoPE time position and the
+        cache slots). Without a cache the block attends only to itself.
+        """
+        cfg = self.config
+        if x.dim() != 5 or x.shape[2] != cfg.in_dim:
+            raise ValueError(f"x must be latents [batch, frames, {cfg.in_dim}, h, w], got {list(x.shape)}")
+        b, frames, _, lat_h, lat_w = x.shape
+        if timesteps.shape != (b, frames):
+            raise ValueError(
+                f"timesteps must have shape [batch, frames] = [{b}, {frames}], got {list(timesteps.shape)}"
+            )
+        pt, ph, pw = cfg.patch_size
+        if frames % pt or lat_h % ph or lat_w % pw:
+            raise ValueError(
+                f"latent block {frames}x{lat_h}x{lat_w} must be divisible by the patch size {cfg.patch_size}"
+            )
+        grid = (frames // pt, lat_h // ph, lat_w // pw)
+        weight_dtype = self.patch_embedding.weight.dtype
+
+        tokens = self.patch_embedding(x.transpose(1, 2).to(weight_dtype))  # [B, dim, f, h', w']
+        tokens = tokens.flatten(2).transpose(1, 2)
+
+        time = sinusoidal_embedding(cfg.freq_dim, timesteps.flatten()).to(weight_dtype)
+        e = self.time_embedding(time)
+        e0 = self.time_projection(e).float().unflatten(1, (6, cfg.dim)).unflatten(0, (b, frames))
+        e_head = e.float().unflatten(0, (b, frames)).unsqueeze(2)
+
+        rotations = self.rope.rotations(start_frame, *grid, device=tokens.device)
+        if cache is not None:
+            cache.begin(start_frame, grid[0])
+        for i, block in enumerate(self.blocks):
+            tokens = block(tokens, e0, rotations, i, prompt.keys[i], prompt.values[i], cache, self.backend)
+        out = self.head(tokens, e_head)
+        return self._unpatchify(out, grid).float()
+
+    def _unpatchify(self, x: Tensor, grid: tuple[int, int, int]) -> Tensor:
+        """[B, f*h*w, pt*ph*pw*C] -> [B, F, C, H, W] (the last axis is (pt, ph, pw, C), C fastest)."""
+        pt, ph, pw = self.config.patch_size
+        f, h, w = grid
+        c = self.config.out_dim
+        x = x.view(x.shape[0], f, h, w, pt, ph, pw, c)
+        x = torch.einsum("bfhwpqrc->bfpchqwr", x)
+        return x.reshape(x.shape[0], f * pt, c, h * ph, w * pw)

@@ -1,0 +1,344 @@
+"""The model-agnostic block loop of block-diffusion video generation.
+
+For every block of `num_frame_per_block` latent frames:
+  1. start from noise; for each denoising timestep: flow = DiT(x, t) against the session's KV
+     cache, x0 = x - sigma(t) * flow, then re-noise x0 to the next timestep with fresh noise;
+  2. the last x0 is the block's output;
+  3. one context pass DiT(x0, t=context_noise) re-writes the block's K/V with clean content.
+Every call of a block writes the same cache frames; the next block attends to them.
+
+A `GenerationSession` yields blocks one at a time (an iterator), takes prompt changes between
+blocks, and can be rebuilt from committed block latents alone (recovery by recompute).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from workers.engine.config import BlockConfig, SamplingConfig
+from workers.engine.flow_match import FlowMatchSchedule
+from workers.engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
+from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV
+from workers.engine.noise import NoiseSource, SeededNoise
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    block: BlockConfig = field(default_factory=BlockConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass
+class BlockTimings:
+    denoise_s: float
+    context_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.denoise_s + self.context_s
+
+
+@dataclass
+class BlockOutput:
+    """One finished block. `latents` is the clean block [1, F, C, h, w] (what a store persists)."""
+
+    index: int
+    start_frame: int
+    latents: Tensor
+    timings: BlockTimings
+    step_x0: list[Tensor] = field(default_factory=list)
+
+
+@dataclass
+class CommittedBlock:
+    """What recovery needs of a past block: its frames, its clean latents, its prompt embeddings."""
+
+    start_frame: int
+    latents: Tensor
+    prompt_embeds: Tensor
+
+
+class BlockDiffusionPipeline:
+    """Holds the model, the schedule and the KV pool; opens generation sessions."""
+
+    def __init__(self, dit: CausalWanDiT, config: PipelineConfig, pool: KVPool | None = None) -> None:
+        self.dit = dit
+        self.config = config
+        self.schedule = FlowMatchSchedule(config.sampling.schedule)
+        self.timesteps = self.schedule.denoising_timesteps(config.sampling)
+        self.pool = pool
+
+    @property
+    def device(self) -> torch.device:
+        return self.dit.patch_embedding.weight.device
+
+    def pool_spec(self, latent_height: int, latent_width: int, frames: int) -> KVPoolSpec:
+        """A pool spec with one page per latent frame, room for `frames` frames in total."""
+        cfg = self.dit.config
+        weight = self.dit.patch_embedding.weight
+        return KVPoolSpec(
+            num_layers=cfg.num_layers,
+            num_heads=cfg.num_heads,
+            head_dim=cfg.head_dim,
+            page_size=cfg.tokens_per_frame(latent_height, latent_width),
+            num_pages=frames,
+            dtype=weight.dtype,
+            device=str(weight.device),
+        )
+
+    def session_frames(self, num_blocks: int | None) -> int:
+        """Latent frames one session keeps in its cache at most (its window, or all its frames)."""
+        block = self.config.block
+        if not block.is_global:
+            return block.local_attn_size
+        if num_blocks is None:
+            raise ValueError("a global-attention session needs num_blocks (its cache grows with every block)")
+        return num_blocks * block.num_frame_per_block
+
+    def open_session(
+        self,
+        prompt_embeds: Tensor,
+        latent_height: int,
+        latent_width: int,
+        *,
+        seed: int = 0,
+        noise: NoiseSource | None = None,
+        num_blocks: int | None = None,
+        initial_latents: Tensor | None = None,
+        session_id: str | None = None,
+        record_steps: bool = False,
+    ) -> GenerationSession:
+        """Start a session. Without a pool, one sized for this session alone is created."""
+        if num_blocks is not None and num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1 (or None for unbounded), got {num_blocks}")
+        self.dit.config.tokens_per_frame(latent_height, latent_width)  # validates the size
+        if self.pool is None:
+            init_frames = 0 if initial_latents is None else initial_latents.shape[1]
+            frames = self.session_frames(num_blocks)
+            if self.config.block.is_global:
+                frames += init_frames
+            self.pool = KVPool(self.pool_spec(latent_height, latent_width, frames))
+        return GenerationSession(
+            self,
+            prompt_embeds,
+            latent_height,
+            latent_width,
+            noise=noise if noise is not None else SeededNoise(seed),
+            num_blocks=num_blocks,
+            initial_latents=initial_latents,
+            session_id=session_id or uuid.uuid4().hex,
+            record_steps=record_steps,
+        )
+
+
+class GenerationSession:
+    """One video being generated block by block; iterate it to get `BlockOutput`s."""
+
+    def __init__(
+        self,
+        pipeline: BlockDiffusionPipeline,
+        prompt_embeds: Tensor,
+        latent_height: int,
+        latent_width: int,
+        *,
+        noise: NoiseSource,
+        num_blocks: int | None,
+        initial_latents: Tensor | None,
+        session_id: str,
+        record_steps: bool,
+    ) -> None:
+        self.pipeline = pipeline
+        self.dit = pipeline.dit
+        self.block_config = pipeline.config.block
+        self.sampling = pipeline.config.sampling
+        self.latent_shape = (self.dit.config.in_dim, latent_height, latent_width)
+        self.noise = noise
+        self.num_blocks = num_blocks
+        self.session_id = session_id
+        self.record_steps = record_steps
+        assert pipeline.pool is not None
+        block = self.block_config
+        self.cache: PagedSessionCache = pipeline.pool.open_session(
+            session_id,
+            self.dit.config.tokens_per_frame(latent_height, latent_width),
+            window_frames=None if block.is_global else block.local_attn_size,
+            sink_frames=block.sink_size,
+        )
+        self.prompt_embeds = prompt_embeds
+        self.prompt: CrossAttentionKV = self.dit.encode_prompt(prompt_embeds)
+        self._pending_prompt: tuple[Tensor, bool] | None = None
+        self._frame_latents: dict[int, Tensor] = {}  # clean latents of the frames in the cache
+        self.next_block = 0
+        self.next_frame = 0
+        self.closed = False
+        if initial_latents is not None:
+            self._prefill(initial_latents)
+
+    # ---- public API -----------------------------------------------------------------------
+    def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None:
+        """Switch prompt before the next block.
+
+        The self-attention cache is kept. With `recache` (LongLive-style) the frames still in the
+        cache are re-encoded by context passes under the new prompt, so the past no longer pulls
+        the video towards the old prompt.
+        """
+        width = self.dit.config.text_dim
+        if prompt_embeds.dim() != 3 or prompt_embeds.shape[-1] != width:
+            raise ValueError(
+                f"prompt_embeds must have shape [1, tokens, text_dim={width}], got {list(prompt_embeds.shape)}"
+            )
+        self._pending_prompt = (prompt_embeds, recache)
+
+    def __iter__(self) -> Iterator[BlockOutput]:
+        while not self.finished:
+            yield self.generate_block()
+
+    @property
+    def finished(self) -> bool:
+        return self.closed or (self.num_blocks is not None and self.next_block >= self.num_blocks)
+
+    @torch.no_grad()
+    def generate_block(self) -> BlockOutput:
+        """Denoise the next block, write it into the cache with a context pass, and return it."""
+        if self.closed:
+            raise RuntimeError(f"session {self.session_id} is closed")
+        if self.num_blocks is not None and self.next_block >= self.num_blocks:
+            raise RuntimeError(f"session {self.session_id} already produced its {self.num_blocks} blocks")
+        self._apply_pending_prompt()
+        nf = self.block_config.num_frame_per_block
+        shape = (1, nf, *self.latent_shape)
+        device = self.pipeline.device
+        block, start = self.next_block, self.next_frame
+
+        began = time.perf_counter()
+        x = self.noise.initial(block, shape).to(device)
+        steps = self.pipeline.timesteps
+        step_x0: list[Tensor] = []
+        x0 = x
+        for i, t_value in enumerate(steps):
+            t = torch.full((1, nf), 0, dtype=steps.dtype, device=device) + t_value.to(device)
+            flow = self.dit(x, t, self.prompt, self.cache, start)
+            x0 = self.pipeline.schedule.x0_from_flow(x, flow, t)
+            if self.record_steps:
+                step_x0.append(x0.clone())
+            if i + 1 < len(steps):
+                t_next = torch.full((1, nf), 0, dtype=steps.dtype, device=device) + steps[i + 1].to(device)
+                eps = self.noise.renoise(block, i, shape).to(device)
+                x = self.pipeline.schedule.add_noise(x0, eps, t_next)
+        self._sync()
+        denoised = time.perf_counter()
+        self._context_pass(x0, start)
+        self._sync()
+        finished = time.perf_counter()
+
+        self.next_block += 1
+        self.next_frame += nf
+        return BlockOutput(
+            index=block,
+            start_frame=start,
+            latents=x0,
+            timings=BlockTimings(denoise_s=denoised - began, context_s=finished - denoised),
+            step_x0=step_x0,
+        )
+
+    @torch.no_grad()
+    def replay(self, blocks: Sequence[CommittedBlock], next_block: int | None = None) -> None:
+        """Rebuild the KV cache from committed blocks (in order) by context passes alone.
+
+        Every committed block must be replayed from the first: a cached frame's K/V depend on
+        everything it attended to when it was written. One forward per block instead of
+        steps + 1, and the result is identical to the original run's cache.
+        """
+        self.cache.drop()
+        self._frame_latents.clear()
+        for committed in blocks:
+            self._use_prompt(committed.prompt_embeds)
+            self._context_pass(committed.latents.to(self.pipeline.device), committed.start_frame)
+            self.next_frame = committed.start_frame + committed.latents.shape[1]
+        if next_block is not None:
+            self.next_block = next_block
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            assert self.pipeline.pool is not None
+            self.pipeline.pool.close_session(self.session_id)
+
+    def __enter__(self) -> GenerationSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- internals ------------------------------------------------------------------------
+    def _context_timesteps(self, frames: int) -> Tensor:
+        dtype = self.pipeline.timesteps.dtype
+        return torch.full((1, frames), self.sampling.context_noise, device=self.pipeline.device).to(dtype)
+
+    def _context_pass(self, latents: Tensor, start_frame: int) -> None:
+        self.dit(latents, self._context_timesteps(latents.shape[1]), self.prompt, self.cache, start_frame)
+        for i in range(latents.shape[1]):
+            self._frame_latents[start_frame + i] = latents[:, i]
+        cached = set(self.cache.frames)
+        for frame in [f for f in self._frame_latents if f not in cached]:
+            del self._frame_latents[frame]
+
+    def _prefill(self, initial_latents: Tensor) -> None:
+        """Video continuation: write the given clean latents into the cache, block by block."""
+        nf = self.block_config.num_frame_per_block
+        c, h, w = self.latent_shape
+        if initial_latents.dim() != 5 or tuple(initial_latents.shape[2:]) != (c, h, w):
+            raise ValueError(
+                f"initial_latents must have shape [1, frames, {c}, {h}, {w}], got {list(initial_latents.shape)}"
+            )
+        frames = initial_latents.shape[1]
+        if frames % nf != 0:
+            raise ValueError(f"initial_latents has {frames} frames; it must be a multiple of num_frame_per_block={nf}")
+        with torch.no_grad():
+            for start in range(0, frames, nf):
+                self._context_pass(initial_latents[:, start : start + nf].to(self.pipeline.device), start)
+        self.next_frame = frames
+
+    def _use_prompt(self, prompt_embeds: Tensor) -> None:
+        if prompt_embeds is self.prompt_embeds or torch.equal(prompt_embeds, self.prompt_embeds):
+            return
+        self.prompt_embeds = prompt_embeds
+        self.prompt = self.dit.encode_prompt(prompt_embeds)
+
+    def _apply_pending_prompt(self) -> None:
+        if self._pending_prompt is None:
+            return
+        embeds, recache = self._pending_prompt
+        self._pending_prompt = None
+        self._use_prompt(embeds)
+        if recache and self.cache.frames:
+            self._recache()
+
+    def _recache(self) -> None:
+        frames = list(self.cache.frames)
+        latents = {f: self._frame_latents[f] for f in frames}
+        self.cache.drop()
+        nf = self.block_config.num_frame_per_block
+        for run in _consecutive_runs(frames, nf):
+            chunk = torch.stack([latents[f] for f in run], dim=1)
+            self._context_pass(chunk, run[0])
+
+    def _sync(self) -> None:
+        if self.pipeline.device.type == "cuda":
+            torch.cuda.synchronize(self.pipeline.device)
+
+
+def _consecutive_runs(frames: Sequence[int], max_len: int) -> list[list[int]]:
+    """Split ascending frame ids into runs of consecutive ids, each at most `max_len` long."""
+    runs: list[list[int]] = []
+    for _, group in itertools.groupby(enumerate(frames), key=lambda p: p[1] - p[0]):
+        ids = [f for _, f in group]
+        runs.extend(ids[i : i + max_len] for i in range(0, len(ids), max_len))
+    return runs
