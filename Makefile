@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install system-deps test lint bench demo verify-golden clean
+.PHONY: install system-deps test lint bench demo verify-golden clean proto buf-lint
 
 install: system-deps
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
@@ -30,3 +30,10 @@ demo: verify-golden
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
+
+proto:
+	$(PYTHON) scripts/gen_proto.py
+
+buf-lint:
+	@test -x .tools/node_modules/.bin/buf || npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf
+	.tools/node_modules/.bin/buf lint

@@ -1,0 +1,1 @@
+"""Public API: generated stubs of proto/inferix/v1."""

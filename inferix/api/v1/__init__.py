@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the inferix.v1 API (`make proto`); do not edit."""

@@ -1,0 +1,159 @@
+"""Common bootstrap of the gRPC services: health, reflection, tracing, metrics, shutdown.
+
+Every service (`python -m scheduler`, `python -m workers`, `python -m kvcache_svc`,
+`python -m streamer`) is started the same way:
+
+    parser = argparse.ArgumentParser(...); add_server_arguments(parser, "scheduler", 50051)
+    options = ServerOptions.from_args(parser.parse_args())
+    asyncio.run(run_server("scheduler", options, register))
+
+`register(server)` adds the servicers and returns their full service names plus an optional
+async `drain()` called on SIGTERM before the server stops. With `--port 0` the OS picks a free
+port; `--port-file` receives `{"grpc": port, "metrics": port}` once the server listens, which is
+how tests and `inferix serve` find a child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from inferix.telemetry import server_interceptor, setup_tracing, shutdown_tracing
+
+log = logging.getLogger("inferix.server")
+
+MAX_MESSAGE_BYTES = 64 * 2**20  # a decoded 480x832 RGB frame is 1.2 MB; latents are smaller
+
+Drain = Callable[[], Awaitable[None]]
+
+
+@dataclass
+class Registration:
+    service_names: list[str]
+    drain: Drain | None = None
+
+
+@dataclass
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 0
+    port_file: Path | None = None
+    metrics_port: int | None = None
+    grace_s: float = 10.0
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerOptions:
+        return cls(
+            host=args.host,
+            port=args.port,
+            port_file=args.port_file,
+            metrics_port=args.metrics_port,
+            grace_s=args.grace,
+            log_level=args.log_level,
+        )
+
+
+def _env(service: str, name: str, default: str | None) -> str | None:
+    return os.environ.get(f"INFERIX_{service.upper()}_{name}", os.environ.get(f"INFERIX_{name}", default))
+
+
+def add_server_arguments(parser: argparse.ArgumentParser, service: str, default_port: int) -> None:
+    """Flags shared by every service; each falls back to INFERIX_<SERVICE>_<NAME> / INFERIX_<NAME>."""
+    parser.add_argument("--host", default=_env(service, "HOST", "127.0.0.1"), help="address to bind")
+    parser.add_argument(
+        "--port", type=int, default=int(_env(service, "PORT", str(default_port)) or 0), help="gRPC port (0 = any)"
+    )
+    parser.add_argument("--port-file", type=Path, default=None, help="write the bound ports here as JSON")
+    metrics = _env(service, "METRICS_PORT", None)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(metrics) if metrics is not None else None,
+        help="serve Prometheus metrics on this port (0 = any; default: off)",
+    )
+    parser.add_argument("--grace", type=float, default=10.0, help="seconds to finish in-flight work on SIGTERM")
+    parser.add_argument("--log-level", default=_env(service, "LOG_LEVEL", "INFO"))
+
+
+def _start_metrics(host: str, port: int) -> int:
+    from prometheus_client import start_http_server
+
+    server, _ = start_http_server(port, addr=host)
+    return int(server.server_port)
+
+
+async def run_server(
+    service: str,
+    options: ServerOptions,
+    register: Callable[[grpc.aio.Server], Registration],
+    interceptors: list[grpc.aio.ServerInterceptor] | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and stop gracefully."""
+    logging.basicConfig(level=options.log_level, format=f"%(asctime)s {service} %(levelname)s %(message)s")
+    setup_tracing(f"inferix-{service}")
+    server = grpc.aio.server(
+        interceptors=[server_interceptor(), *(interceptors or [])],
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+    registration = register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [*registration.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(f"{options.host}:{options.port}")
+    if port == 0:
+        raise SystemExit(f"{service}: cannot bind {options.host}:{options.port}")
+    await server.start()
+    for name in ["", *registration.service_names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    metrics_port = _start_metrics(options.host, options.metrics_port) if options.metrics_port is not None else None
+    if options.port_file is not None:
+        tmp = options.port_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"grpc": port, "metrics": metrics_port}))
+        tmp.replace(options.port_file)  # atomic: readers never see a partial file
+    log.info("serving on %s:%d%s", options.host, port, f", metrics on :{metrics_port}" if metrics_port else "")
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining in-flight work (grace %.1fs)", options.grace_s)
+    await health_servicer.enter_graceful_shutdown()
+    if registration.drain is not None:
+        try:
+            await asyncio.wait_for(registration.drain(), timeout=options.grace_s)
+        except TimeoutError:
+            log.warning("drain did not finish within %.1fs", options.grace_s)
+    await server.stop(options.grace_s)
+    shutdown_tracing()
+    log.info("stopped")
+
+
+def channel(address: str) -> grpc.aio.Channel:
+    """An aio channel to another service, with trace propagation and large messages allowed."""
+    from inferix.telemetry import client_interceptors
+
+    return grpc.aio.insecure_channel(
+        address,
+        interceptors=client_interceptors(),
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )

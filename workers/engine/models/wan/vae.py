@@ -1,0 +1,560 @@
+"""Wan2.1 video VAE (causal 3D conv autoencoder) with exact streaming decode.
+
+Parameter names equal the reference ``WanVAE_`` state dict (``encoder.*``, ``conv1.*``, ``conv2.*``,
+``decoder.*``), so ``Wan2.1_VAE.pth`` and the golden ``vae.safetensors`` load with ``strict=True``.
+
+Layouts (pipeline layout, frames before channels, like every other engine tensor):
+
+* latents: ``[B, F, z_dim, h, w]``, normalised with the Wan2.1 per-channel mean/std;
+* video:   ``[B, T, 3, H, W]`` in ``[-1, 1]`` (``to_unit_range`` gives the pipeline's ``[0, 1]``),
+  with ``H = h * 8``, ``W = w * 8`` and ``T = 1 + 4 * (F - 1)`` for a whole video.
+
+Why the decoder runs one latent frame at a time: that is what the reference does, and every
+temporal operator is causal, so a per-conv cache of the trailing input frames makes the result
+independent of how the latent sequence is cut into blocks.  ``decode`` and ``decode_block`` share
+that single code path, hence block-by-block streaming is bit-identical to one-shot decoding.
+
+The *first-frame rule*: both temporal upsamplers let latent frame 0 through their time conv
+untouched (1 pixel frame); every later latent frame yields 4 pixel frames, and frame 0 never enters
+the time conv's history (it starts with two zero frames).  So 3-latent blocks give 9, 12, 12, ...
+pixel frames.
+
+Spatially tiled decoding is deliberately not offered: the middle attention block mixes every
+position of a frame, so no finite tile overlap is exact.  Peak memory is already bounded by the
+per-latent-frame decoding (activations of one latent frame at a time plus the two-frame caches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from inferix.errors import CheckpointError
+
+__all__ = [
+    "WAN21_LATENT_MEAN",
+    "WAN21_LATENT_STD",
+    "VAEDecodeState",
+    "WanVAE",
+    "WanVAEConfig",
+    "load_weights",
+    "to_unit_range",
+]
+
+WAN21_LATENT_MEAN: tuple[float, ...] = (
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+)  # fmt: skip
+WAN21_LATENT_STD: tuple[float, ...] = (
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
+)  # fmt: skip
+
+# One cached tensor (or None before the first chunk) per cache slot of an encoder or decoder.
+FrameCache = list[Tensor | None]
+
+
+@dataclass(frozen=True)
+class WanVAEConfig:
+    """Hyper-parameters of the Wan2.1 VAE; defaults are the released Wan2.1 VAE.
+
+    ``temperal_downsample`` keeps the reference spelling so that reference configs map 1:1.
+    """
+
+    dim: int = 96
+    z_dim: int = 16
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    attn_scales: tuple[float, ...] = ()
+    temperal_downsample: tuple[bool, ...] = (False, True, True)
+    dropout: float = 0.0
+    latent_mean: tuple[float, ...] = WAN21_LATENT_MEAN
+    latent_std: tuple[float, ...] = WAN21_LATENT_STD
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "z_dim", "num_res_blocks"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"WanVAEConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if len(self.dim_mult) < 2 or min(self.dim_mult) < 1:
+            raise ValueError(f"WanVAEConfig.dim_mult needs >= 2 positive entries, got {self.dim_mult}")
+        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
+            raise ValueError(
+                f"WanVAEConfig.temperal_downsample needs len(dim_mult) - 1 = {len(self.dim_mult) - 1} "
+                f"entries (one per downsampling stage), got {len(self.temperal_downsample)}"
+            )
+        for name in ("latent_mean", "latent_std"):
+            if len(getattr(self, name)) != self.z_dim:
+                raise ValueError(
+                    f"WanVAEConfig.{name} needs z_dim = {self.z_dim} values, got {len(getattr(self, name))}"
+                )
+        if min(self.latent_std) <= 0:
+            raise ValueError(f"WanVAEConfig.latent_std must be positive, got {self.latent_std}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"WanVAEConfig.dropout must be in [0, 1), got {self.dropout}")
+
+    @classmethod
+    def from_dict(cls, section: Mapping[str, Any]) -> WanVAEConfig:
+        """Build from a config section (e.g. the golden ``config.json['vae']``).
+
+        Keys that are not fields (descriptive ones such as ``class``, ``note``, ``pixel_h``) are
+        ignored; lists become tuples.
+        """
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items() if k in known}
+        return cls(**kwargs)
+
+    @property
+    def temporal_factor(self) -> int:
+        """Pixel frames per latent frame (after the first one)."""
+        return 2 ** sum(self.temperal_downsample)
+
+    @property
+    def spatial_factor(self) -> int:
+        """Pixels per latent position along H and along W."""
+        return 2 ** (len(self.dim_mult) - 1)
+
+
+def _frames_to_batch(x: Tensor) -> Tensor:
+    """[B, C, T, H, W] -> [B*T, C, H, W], for the per-frame 2D layers."""
+    b, c, t, h, w = x.shape
+    return x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+
+
+def _batch_to_frames(x: Tensor, batch: int) -> Tensor:
+    """Inverse of ``_frames_to_batch``."""
+    bt, c, h, w = x.shape
+    return x.view(batch, bt // batch, c, h, w).permute(0, 2, 1, 3, 4)
+
+
+class RMSNorm(nn.Module):
+    """Channel RMS norm of the reference: ``normalize(x, dim=1) * sqrt(C) * gamma`` (no bias in the VAE).
+
+    ``spatial_dims`` only sets gamma's shape (3 for video [B,C,T,H,W], 2 for frames [B,C,H,W]), which
+    must match the checkpoint.
+    """
+
+    def __init__(self, dim: int, spatial_dims: int) -> None:
+        super().__init__()
+        self.scale = dim**0.5
+        self.gamma = nn.Parameter(torch.ones(dim, *([1] * spatial_dims)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.normalize(x, dim=1) * self.scale * self.gamma
+
+
+def conv3d(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Unpadded, stride-1 3D convolution; on the CPU as one 2D convolution over (time taps x channels).
+
+    PyTorch's CPU conv3d falls back to a slow generic kernel for these shapes (over 80% of decode
+    time); folding the kt time taps into the channel axis lets the oneDNN 2D kernel do the work.
+    The sums are reordered, so results differ from conv3d by float rounding (~1e-6), identically
+    for one-shot and streaming decode.
+    """
+    if x.device.type != "cpu":
+        return F.conv3d(x, weight, bias)
+    b, c, t_in, h, w = x.shape
+    out_c, _, kt, kh, kw = weight.shape
+    t_out = t_in - kt + 1
+    taps = torch.cat([x[:, :, i : i + t_out] for i in range(kt)], dim=1) if kt > 1 else x
+    frames = taps.transpose(1, 2).reshape(b * t_out, kt * c, h, w)
+    folded = weight.permute(0, 2, 1, 3, 4).reshape(out_c, kt * c, kh, kw)
+    out = F.conv2d(frames, folded, bias)
+    return out.view(b, t_out, out_c, out.shape[-2], out.shape[-1]).transpose(1, 2)
+
+
+class PointwiseConv3d(nn.Conv3d):
+    """1x1x1 Conv3d (checkpoint names of nn.Conv3d) that uses the fast CPU path of `conv3d`."""
+
+    def __init__(self, in_dim: int, out_dim: int) -> None:
+        super().__init__(in_dim, out_dim, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return conv3d(x, self.weight, self.bias)
+
+
+class CausalConv3d(nn.Conv3d):
+    """3D conv, causal in time: output frame t sees input frames t-k+1 .. t, spatially 'same'.
+
+    The ``k - 1`` frames of history come from ``cache[self.slot]`` (zeros before the first chunk)
+    and are updated with the trailing input frames, so chunked calls equal one full-sequence call.
+    ``slot`` is assigned by the owning ``Encoder3d`` / ``Decoder3d``.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, kernel_size: int | tuple[int, int, int]) -> None:
+        super().__init__(in_dim, out_dim, kernel_size)
+        kt, kh, kw = self.kernel_size
+        self.history = kt - 1
+        self.spatial_padding = (kw // 2, kw // 2, kh // 2, kh // 2)
+        self.slot = -1
+
+    def forward(self, x: Tensor, cache: FrameCache) -> Tensor:  # type: ignore[override]
+        past = cache[self.slot]
+        if past is None:
+            b, c, _, h, w = x.shape
+            past = x.new_zeros(b, c, self.history, h, w)
+        x = torch.cat([past, x], dim=2)
+        cache[self.slot] = x[:, :, -self.history :].clone()
+        return conv3d(F.pad(x, self.spatial_padding), self.weight, self.bias)
+
+
+class ResidualBlock(nn.Module):
+    """(RMSNorm, SiLU, CausalConv3d) x 2 plus a 1x1x1 conv shortcut when the width changes."""
+
+    def __init__(self, in_dim: int, out_dim: int, dropout: float) -> None:
+        super().__init__()
+        self.residual = nn.Sequential(
+            RMSNorm(in_dim, spatial_dims=3),
+            nn.SiLU(),
+            CausalConv3d(in_dim, out_dim, 3),
+            RMSNorm(out_dim, spatial_dims=3),
+            nn.SiLU(),
+            nn.Dropout(dropout),
+            CausalConv3d(out_dim, out_dim, 3),
+        )
+        self.shortcut: nn.Module = PointwiseConv3d(in_dim, out_dim) if in_dim != out_dim else nn.Identity()
+
+    def forward(self, x: Tensor, cache: FrameCache) -> Tensor:
+        return _run(self.residual, x, cache) + self.shortcut(x)
+
+
+class AttentionBlock(nn.Module):
+    """Single-head self-attention over the H*W positions of each frame (no temporal mixing)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = RMSNorm(dim, spatial_dims=2)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, c, t, h, w = x.shape
+        y = self.to_qkv(self.norm(_frames_to_batch(x)))
+        q, k, v = y.reshape(b * t, 1, 3 * c, h * w).permute(0, 1, 3, 2).contiguous().chunk(3, dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v)  # scale 1/sqrt(C)
+        y = y.squeeze(1).permute(0, 2, 1).reshape(b * t, c, h, w)
+        return _batch_to_frames(self.proj(y), b) + x
+
+
+class Resample(nn.Module):
+    """Spatial x2 up/down-sampling per frame, optionally with temporal x2 (``*3d`` modes).
+
+    * ``upsample2d/3d``: nearest x2 then Conv2d(dim -> dim/2).  ``upsample3d`` first runs a causal
+      time conv (dim -> 2*dim) whose two channel halves become two consecutive frames, except for
+      the very first chunk (first-frame rule, see the module docstring).
+    * ``downsample2d/3d``: pad right/bottom by 1 then stride-2 Conv2d.  ``downsample3d`` then halves
+      time with a stride-2 conv over (previous chunk's last frame, chunk); the first chunk passes
+      through, so frame 0 keeps a latent frame of its own.  ``slot`` holds that last frame.
+    """
+
+    MODES = ("upsample2d", "upsample3d", "downsample2d", "downsample3d")
+
+    def __init__(self, dim: int, mode: str) -> None:
+        super().__init__()
+        if mode not in self.MODES:
+            raise ValueError(f"Resample mode must be one of {self.MODES}, got {mode!r}")
+        self.mode = mode
+        self.slot = -1
+        self.time_conv: nn.Module
+        if mode.startswith("upsample"):
+            self.resample = nn.Sequential(
+                nn.Upsample(scale_factor=2.0, mode="nearest-exact"), nn.Conv2d(dim, dim // 2, 3, padding=1)
+            )
+            if mode == "upsample3d":
+                self.time_conv = CausalConv3d(dim, dim * 2, (3, 1, 1))
+        else:
+            self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=2))
+            if mode == "downsample3d":
+                self.time_conv = nn.Conv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1))
+
+    def forward(self, x: Tensor, cache: FrameCache) -> Tensor:
+        if self.mode == "upsample3d":
+            x = self._upsample_time(x, cache)
+        x = _batch_to_frames(self.resample(_frames_to_batch(x)), x.shape[0])
+        if self.mode == "downsample3d":
+            x = self._downsample_time(x, cache)
+        return x
+
+    def _upsample_time(self, x: Tensor, cache: FrameCache) -> Tensor:
+        conv = self.time_conv
+        assert isinstance(conv, CausalConv3d)
+        if cache[conv.slot] is None:
+            # First chunk: no time conv; the next chunk starts from zero history, never from frame 0.
+            b, c, _, h, w = x.shape
+            cache[conv.slot] = x.new_zeros(b, c, conv.history, h, w)
+            return x
+        y = conv(x, cache)
+        b, c2, t, h, w = y.shape
+        return y.view(b, 2, c2 // 2, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c2 // 2, 2 * t, h, w)
+
+    def _downsample_time(self, x: Tensor, cache: FrameCache) -> Tensor:
+        past = cache[self.slot]
+        cache[self.slot] = x[:, :, -1:].clone()
+        if past is None:
+            return x
+        return self.time_conv(torch.cat([past, x], dim=2))
+
+
+_CACHED = (CausalConv3d, ResidualBlock, Resample)
+
+
+def _run(layers: Iterable[nn.Module], x: Tensor, cache: FrameCache) -> Tensor:
+    """Apply ``layers`` in order, handing the frame cache to the layers that keep temporal state."""
+    for layer in layers:
+        x = layer(x, cache) if isinstance(layer, _CACHED) else layer(x)
+    return x
+
+
+def _number_cache_slots(root: nn.Module) -> int:
+    """Give every stateful module under ``root`` its index in the frame cache; return the count."""
+    stateful = [
+        m
+        for m in root.modules()
+        if isinstance(m, CausalConv3d) or (isinstance(m, Resample) and m.mode == "downsample3d")
+    ]
+    for slot, module in enumerate(stateful):
+        module.slot = slot
+    return len(stateful)
+
+
+class Encoder3d(nn.Module):
+    """Video [B,3,T,H,W] -> posterior parameters [B, 2*z_dim, 1+(T-1)/4, H/8, W/8]."""
+
+    def __init__(self, cfg: WanVAEConfig) -> None:
+        super().__init__()
+        dims = [cfg.dim * m for m in (1, *cfg.dim_mult)]
+        self.conv1 = CausalConv3d(3, dims[0], 3)
+        layers: list[nn.Module] = []
+        scale = 1.0
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            for _ in range(cfg.num_res_blocks):
+                layers.append(ResidualBlock(in_dim, out_dim, cfg.dropout))
+                if scale in cfg.attn_scales:
+                    layers.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if i < len(cfg.temperal_downsample):
+                layers.append(Resample(out_dim, "downsample3d" if cfg.temperal_downsample[i] else "downsample2d"))
+                scale /= 2.0
+        self.downsamples = nn.Sequential(*layers)
+        self.middle = nn.Sequential(
+            ResidualBlock(dims[-1], dims[-1], cfg.dropout),
+            AttentionBlock(dims[-1]),
+            ResidualBlock(dims[-1], dims[-1], cfg.dropout),
+        )
+        self.head = nn.Sequential(
+            RMSNorm(dims[-1], spatial_dims=3), nn.SiLU(), CausalConv3d(dims[-1], 2 * cfg.z_dim, 3)
+        )
+        self.num_cache_slots = _number_cache_slots(self)
+
+    def forward(self, x: Tensor, cache: FrameCache) -> Tensor:
+        x = self.conv1(x, cache)
+        x = _run(self.downsamples, x, cache)
+        x = _run(self.middle, x, cache)
+        return _run(self.head, x, cache)
+
+
+class Decoder3d(nn.Module):
+    """Latent chunk [B, z_dim, t, h, w] -> pixels [B, 3, t', 8h, 8w] (t' per the first-frame rule)."""
+
+    def __init__(self, cfg: WanVAEConfig) -> None:
+        super().__init__()
+        dims = [cfg.dim * m for m in (cfg.dim_mult[-1], *cfg.dim_mult[::-1])]
+        temporal_upsample = cfg.temperal_downsample[::-1]
+        self.conv1 = CausalConv3d(cfg.z_dim, dims[0], 3)
+        self.middle = nn.Sequential(
+            ResidualBlock(dims[0], dims[0], cfg.dropout),
+            AttentionBlock(dims[0]),
+            ResidualBlock(dims[0], dims[0], cfg.dropout),
+        )
+        layers: list[nn.Module] = []
+        scale = 1.0 / 2 ** (len(cfg.dim_mult) - 2)
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
+            if i > 0:  # the previous stage's Resample halved the width
+                in_dim //= 2
+            for _ in range(cfg.num_res_blocks + 1):
+                layers.append(ResidualBlock(in_dim, out_dim, cfg.dropout))
+                if scale in cfg.attn_scales:
+                    layers.append(AttentionBlock(out_dim))
+                in_dim = out_dim
+            if i < len(temporal_upsample):
+                layers.append(Resample(out_dim, "upsample3d" if temporal_upsample[i] else "upsample2d"))
+                scale *= 2.0
+        self.upsamples = nn.Sequential(*layers)
+        self.head = nn.Sequential(RMSNorm(dims[-1], spatial_dims=3), nn.SiLU(), CausalConv3d(dims[-1], 3, 3))
+        self.num_cache_slots = _number_cache_slots(self)
+
+    def forward(self, x: Tensor, cache: FrameCache) -> Tensor:
+        x = self.conv1(x, cache)
+        x = _run(self.middle, x, cache)
+        x = _run(self.upsamples, x, cache)
+        return _run(self.head, x, cache)
+
+
+@dataclass
+class VAEDecodeState:
+    """Streaming-decode memory of one session: the decoder's frame caches plus bookkeeping.
+
+    Create it with ``WanVAE.new_decode_state()`` and pass it to every ``decode_block`` call of the
+    session, in order.  It holds two trailing frames per causal conv (small next to one frame's
+    activations) and is tied to the batch size and latent size of the first block.
+    """
+
+    caches: FrameCache
+    latent_frames: int = 0  # latent frames decoded so far
+    batch_hw: tuple[int, int, int] | None = None  # (B, h, w) of the first block
+
+    @property
+    def nbytes(self) -> int:
+        """Device memory held by the caches (for per-session memory accounting)."""
+        return sum(t.numel() * t.element_size() for t in self.caches if t is not None)
+
+
+class WanVAE(nn.Module):
+    """The Wan2.1 VAE (``WanVAE_`` of the reference) with streaming decode; see the module docstring."""
+
+    def __init__(self, config: WanVAEConfig | None = None) -> None:
+        super().__init__()
+        self.config = config or WanVAEConfig()
+        z = self.config.z_dim
+        self.encoder = Encoder3d(self.config)
+        self.conv1 = PointwiseConv3d(2 * z, 2 * z)
+        self.conv2 = PointwiseConv3d(z, z)
+        self.decoder = Decoder3d(self.config)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | Path,
+        config: WanVAEConfig | None = None,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> WanVAE:
+        """Load ``Wan2.1_VAE.pth`` or a ``.safetensors`` state dict (strict) into an eval-mode model.
+
+        Built on the meta device and the checkpoint tensors assigned, so the weights are neither
+        randomly initialised first nor held twice.
+        """
+        state = load_weights(path)
+        with torch.device("meta"):
+            model = cls(config)
+        expected = model.state_dict()
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{path} is not a WanVAE_ state dict for {model.config}: missing keys {missing[:5]}, "
+                f"unexpected keys {unexpected[:5]}; check dim, num_res_blocks and dim_mult"
+            )
+        try:
+            model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
+        except RuntimeError as err:  # shape mismatches
+            raise CheckpointError(f"{path} does not match {model.config}: {err}") from err
+        return model.eval()
+
+    def new_decode_state(self) -> VAEDecodeState:
+        """A fresh state for a new video (the next block decoded is latent frame 0)."""
+        return VAEDecodeState(caches=[None] * self.decoder.num_cache_slots)
+
+    @torch.no_grad()  # the state would otherwise keep the autograd graph of all earlier blocks alive
+    def decode_block(self, latents_block: Tensor, state: VAEDecodeState) -> Tensor:
+        """Decode the next latent block of a video; returns its pixel frames ``[B, T, 3, H, W]`` in [-1, 1].
+
+        ``latents_block`` is ``[B, F, z_dim, h, w]``.  T = 1 + 4*(F-1) for the first block of the
+        state, 4*F afterwards.  Concatenating the outputs equals ``decode`` of the whole sequence.
+        """
+        z = self._check_latents(latents_block, state)
+        mean, inv_std = self._latent_scale(z.device)
+        z = (z.float() / inv_std + mean).to(self.conv2.weight.dtype)
+        frames = [self.decoder(self.conv2(z[:, :, i : i + 1]), state.caches) for i in range(z.shape[2])]
+        state.latent_frames += z.shape[2]
+        video = torch.cat(frames, dim=2).float().clamp(-1.0, 1.0)
+        return video.permute(0, 2, 1, 3, 4).contiguous()
+
+    def decode(self, latents: Tensor) -> Tensor:
+        """One-shot decode: ``[B, F, z_dim, h, w]`` -> ``[B, 1+4(F-1), 3, 8h, 8w]`` in [-1, 1]."""
+        return self.decode_block(latents, self.new_decode_state())
+
+    @torch.no_grad()
+    def encode(self, video: Tensor) -> Tensor:
+        """Encode pixels ``[B, T, 3, H, W]`` in [-1, 1] to latents ``[B, 1+(T-1)/4, z_dim, H/8, W/8]``.
+
+        Returns the posterior mean (no sampling), normalised like the DiT's latents, e.g. to
+        condition a video continuation.  T must be 1 + 4k; the encoder sees chunks of 1, 4, 4, ...
+        frames like the reference.
+        """
+        x = self._check_video(video)
+        cache: FrameCache = [None] * self.encoder.num_cache_slots
+        step = self.config.temporal_factor
+        chunks = [x[:, :, :1]] + [x[:, :, s : s + step] for s in range(1, x.shape[2], step)]
+        features = torch.cat([self.encoder(chunk, cache) for chunk in chunks], dim=2)
+        mu = self.conv1(features)[:, : self.config.z_dim].float()
+        mean, inv_std = self._latent_scale(mu.device)
+        return ((mu - mean) * inv_std).permute(0, 2, 1, 3, 4).contiguous()
+
+    def _latent_scale(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """fp32 (mean, 1/std) as [1, C, 1, 1, 1]; decode divides by the fp32 reciprocal like the reference."""
+        mean = torch.tensor(self.config.latent_mean, dtype=torch.float32, device=device)
+        inv_std = 1.0 / torch.tensor(self.config.latent_std, dtype=torch.float32, device=device)
+        return mean.view(1, -1, 1, 1, 1), inv_std.view(1, -1, 1, 1, 1)
+
+    def _check_latents(self, latents: Tensor, state: VAEDecodeState) -> Tensor:
+        """Validate a latent block against the config and the state; return it as [B, C, F, h, w]."""
+        if latents.ndim != 5:
+            raise ValueError(f"latents must be [B, F, C, h, w] (5 dims), got shape {tuple(latents.shape)}")
+        b, f, c, h, w = latents.shape
+        if c != self.config.z_dim:
+            raise ValueError(
+                f"latents must have z_dim={self.config.z_dim} channels at dim 2 ([B, F, C, h, w]), "
+                f"got shape {tuple(latents.shape)}; permute [B, C, F, h, w] input first"
+            )
+        if f == 0 or not latents.is_floating_point():
+            raise ValueError(f"latents must be a non-empty float tensor, got {tuple(latents.shape)} {latents.dtype}")
+        if len(state.caches) != self.decoder.num_cache_slots:
+            raise ValueError("state was created by a WanVAE with another config; use this model's new_decode_state()")
+        if state.batch_hw is None:
+            state.batch_hw = (b, h, w)
+        elif state.batch_hw != (b, h, w):
+            raise ValueError(
+                f"latents (B, h, w) = {(b, h, w)} differs from the state's earlier blocks {state.batch_hw}; "
+                "use a new_decode_state() for a new video"
+            )
+        return latents.permute(0, 2, 1, 3, 4)
+
+    def _check_video(self, video: Tensor) -> Tensor:
+        """Validate an encoder input; return it as [B, 3, T, H, W] in the weights' dtype."""
+        if video.ndim != 5 or video.shape[2] != 3:
+            raise ValueError(f"video must be [B, T, 3, H, W], got shape {tuple(video.shape)}")
+        t, h, w = video.shape[1], video.shape[3], video.shape[4]
+        step, sf = self.config.temporal_factor, self.config.spatial_factor
+        if (t - 1) % step != 0:
+            raise ValueError(f"video must have 1 + {step}k frames, got T={t}")
+        if h % sf or w % sf:
+            raise ValueError(f"video H and W must be multiples of {sf}, got H={h}, W={w}")
+        return video.permute(0, 2, 1, 3, 4).to(self.conv1.weight.dtype)
+
+
+def to_unit_range(video: Tensor) -> Tensor:
+    """Map decoder output in [-1, 1] to [0, 1] exactly like the reference pipeline."""
+    return (video * 0.5 + 0.5).clamp(0.0, 1.0)
+
+
+def load_weights(path: str | Path) -> dict[str, Tensor]:
+    """Read a VAE state dict from ``.safetensors`` or a torch ``.pth``/``.pt`` file onto the CPU."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"VAE checkpoint {path} does not exist; expected e.g. Wan2.1_VAE.pth")
+    try:
+        if path.suffix == ".safetensors":
+            state: object = load_file(str(path))
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # the loaders raise many unrelated types for a corrupt file
+        raise CheckpointError(f"cannot read VAE checkpoint {path}: {exc}") from exc
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise CheckpointError(f"{path} is not a flat state dict of tensors (name -> tensor) like WanVAE_'s")
+    return state
