@@ -71,13 +71,25 @@ def start_service(
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
     metrics: bool = False,
+    port: int = 0,
 ) -> ServiceProcess:
-    """Run `python -m module args --port 0 --port-file ...` and wait until it listens."""
+    """Run `python -m module args --port PORT --port-file ...` and wait until it listens (0 = any port)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port_file = workdir / f"{name}.port.json"
     port_file.unlink(missing_ok=True)
     log_path = workdir / f"{name}.log"
-    cmd = [sys.executable, "-m", module, *args, "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        module,
+        *args,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--port-file",
+        str(port_file),
+    ]
     if metrics:
         cmd += ["--metrics-port", "0"]
     with log_path.open("wb") as log:

@@ -42,6 +42,8 @@ Drain = Callable[[], Awaitable[None]]
 class Registration:
     service_names: list[str]
     drain: Drain | None = None
+    # Called once the server listens, with the bound port (e.g. to register with another service).
+    on_start: Callable[[int], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -127,6 +129,8 @@ async def run_server(
         tmp.write_text(json.dumps({"grpc": port, "metrics": metrics_port}))
         tmp.replace(options.port_file)  # atomic: readers never see a partial file
     log.info("serving on %s:%d%s", options.host, port, f", metrics on :{metrics_port}" if metrics_port else "")
+    if registration.on_start is not None:
+        await registration.on_start(port)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from opentelemetry import trace
+import grpc
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -59,3 +60,40 @@ def server_interceptor() -> Any:
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
     return aio_server_interceptor()
+
+
+class _ClientCallDetails(grpc.ClientCallDetails):
+    def __init__(self, details: grpc.ClientCallDetails, metadata: list[tuple[str, str | bytes]]) -> None:
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = getattr(details, "wait_for_ready", None)
+        self.compression = getattr(details, "compression", None)
+
+
+class TraceContextInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Sync-channel interceptor that injects the current trace context (W3C traceparent) into metadata."""
+
+    @staticmethod
+    def _details(details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        return _ClientCallDetails(details, [*(details.metadata or ()), *carrier.items()])
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return continuation(self._details(details), requests)

@@ -2,7 +2,7 @@
 # System packages the test suite and the demo need (Debian/Ubuntu). Idempotent: skips what is there.
 set -euo pipefail
 
-packages=(ffmpeg chromium)
+packages=(ffmpeg chromium redis-server)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# One real redis-server for the whole run (fixture `redis_server`), shared by every test folder.
+pytest_plugins = ["tests.store.redis_server"]
+
 GOLDEN_DIR = Path(__file__).parent / "golden"
 GOLDEN_CASES = sorted(p.name for p in GOLDEN_DIR.iterdir() if (p / "config.json").is_file())
 

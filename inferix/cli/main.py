@@ -13,6 +13,10 @@ from inferix.errors import UserError
 # sets `func(args) -> int`.
 _COMMAND_MODULES = [
     "inferix.cli.verify_golden",
+    "inferix.cli.generate",
+    "inferix.cli.serve",
+    "inferix.cli.session",
+    "inferix.cli.profile",
 ]
 
 

@@ -262,9 +262,7 @@ def test_clean_prompt_matches_reference_whitespace_mode() -> None:
     assert clean_prompt("caf\u00c3\u00a9 at dawn") == "café at dawn"  # ftfy repairs the mojibake
 
 
-def test_sentencepiece_tokenizer_eos_padding_mask(
-    spm_dir: Path, spm: sentencepiece.SentencePieceProcessor
-) -> None:
+def test_sentencepiece_tokenizer_eos_padding_mask(spm_dir: Path, spm: sentencepiece.SentencePieceProcessor) -> None:
     tokenizer = PromptTokenizer(spm_dir, text_len=40)
     prompts = ["a red fox runs", "  waves   crash\n"]
     ids, mask = tokenizer(prompts)

@@ -79,15 +79,25 @@ class BlockDiffusionPipeline:
     def device(self) -> torch.device:
         return self.dit.patch_embedding.weight.device
 
+    def cache_layout(self, latent_height: int, latent_width: int) -> tuple[int, int]:
+        """(heads, tokens of one latent frame) that this process's KV cache holds.
+
+        All of them, or this rank's shard when the DiT runs sequence-parallel (`workers.engine.parallel`).
+        """
+        cfg = self.dit.config
+        layout = (cfg.num_heads, cfg.tokens_per_frame(latent_height, latent_width))
+        return layout if self.dit.parallel is None else self.dit.parallel.cache_layout(*layout)
+
     def pool_spec(self, latent_height: int, latent_width: int, frames: int) -> KVPoolSpec:
         """A pool spec with one page per latent frame, room for `frames` frames in total."""
         cfg = self.dit.config
         weight = self.dit.patch_embedding.weight
+        heads, tokens_per_frame = self.cache_layout(latent_height, latent_width)
         return KVPoolSpec(
             num_layers=cfg.num_layers,
-            num_heads=cfg.num_heads,
+            num_heads=heads,
             head_dim=cfg.head_dim,
-            page_size=cfg.tokens_per_frame(latent_height, latent_width),
+            page_size=tokens_per_frame,
             num_pages=frames,
             dtype=weight.dtype,
             device=str(weight.device),
@@ -167,7 +177,7 @@ class GenerationSession:
         block = self.block_config
         self.cache: PagedSessionCache = pipeline.pool.open_session(
             session_id,
-            self.dit.config.tokens_per_frame(latent_height, latent_width),
+            pipeline.cache_layout(latent_height, latent_width)[1],
             window_frames=None if block.is_global else block.local_attn_size,
             sink_frames=block.sink_size,
         )

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19inferix/v1/streamer.proto\x12\ninferix.v1\"\xad\x01\n\nVideoFrame\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62lock_index\x18\x02 \x01(\r\x12\x13\n\x0b\x66rame_index\x18\x03 \x01(\r\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\'\n\x06\x66ormat\x18\x06 \x01(\x0e\x32\x17.inferix.v1.PixelFormat\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x0b\n\x03\x66ps\x18\x08 \x01(\x01\":\n\x11PushFramesRequest\x12%\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x16.inferix.v1.VideoFrame\":\n\x12PushFramesResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\")\n\x13\x46inishStreamRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x46inishStreamResponse\x12\x0e\n\x06\x66rames\x18\x01 \x01(\r\"*\n\x14GetStreamInfoRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"y\n\x15GetStreamInfoResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\x12\r\n\x05width\x18\x03 \x01(\r\x12\x0e\n\x06height\x18\x04 \x01(\r\x12\x0b\n\x03\x66ps\x18\x05 \x01(\x01\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\")\n\x13GetRecordingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x14GetRecordingResponse\x12\r\n\x05\x63hunk\x18\x01 \x01(\x0c*C\n\x0bPixelFormat\x12\x1c\n\x18PIXEL_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n\x12PIXEL_FORMAT_RGB24\x10\x01\x32\xde\x02\n\x0fStreamerService\x12M\n\nPushFrames\x12\x1d.inferix.v1.PushFramesRequest\x1a\x1e.inferix.v1.PushFramesResponse(\x01\x12Q\n\x0c\x46inishStream\x12\x1f.inferix.v1.FinishStreamRequest\x1a .inferix.v1.FinishStreamResponse\x12T\n\rGetStreamInfo\x12 .inferix.v1.GetStreamInfoRequest\x1a!.inferix.v1.GetStreamInfoResponse\x12S\n\x0cGetRecording\x12\x1f.inferix.v1.GetRecordingRequest\x1a .inferix.v1.GetRecordingResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19inferix/v1/streamer.proto\x12\ninferix.v1\"\xad\x01\n\nVideoFrame\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62lock_index\x18\x02 \x01(\r\x12\x13\n\x0b\x66rame_index\x18\x03 \x01(\r\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\'\n\x06\x66ormat\x18\x06 \x01(\x0e\x32\x17.inferix.v1.PixelFormat\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x0b\n\x03\x66ps\x18\x08 \x01(\x01\":\n\x11PushFramesRequest\x12%\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x16.inferix.v1.VideoFrame\":\n\x12PushFramesResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\")\n\x13\x46inishStreamRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x46inishStreamResponse\x12\x0e\n\x06\x66rames\x18\x01 \x01(\r\"*\n\x14GetStreamInfoRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x90\x01\n\x15GetStreamInfoResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\x12\r\n\x05width\x18\x03 \x01(\r\x12\x0e\n\x06height\x18\x04 \x01(\r\x12\x0b\n\x03\x66ps\x18\x05 \x01(\x01\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x15\n\rframes_sha256\x18\x07 \x01(\t\")\n\x13GetRecordingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x14GetRecordingResponse\x12\r\n\x05\x63hunk\x18\x01 \x01(\x0c*C\n\x0bPixelFormat\x12\x1c\n\x18PIXEL_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n\x12PIXEL_FORMAT_RGB24\x10\x01\x32\xde\x02\n\x0fStreamerService\x12M\n\nPushFrames\x12\x1d.inferix.v1.PushFramesRequest\x1a\x1e.inferix.v1.PushFramesResponse(\x01\x12Q\n\x0c\x46inishStream\x12\x1f.inferix.v1.FinishStreamRequest\x1a .inferix.v1.FinishStreamResponse\x12T\n\rGetStreamInfo\x12 .inferix.v1.GetStreamInfoRequest\x1a!.inferix.v1.GetStreamInfoResponse\x12S\n\x0cGetRecording\x12\x1f.inferix.v1.GetRecordingRequest\x1a .inferix.v1.GetRecordingResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'inferix.v1.streamer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PIXELFORMAT']._serialized_start=669
-  _globals['_PIXELFORMAT']._serialized_end=736
+  _globals['_PIXELFORMAT']._serialized_start=693
+  _globals['_PIXELFORMAT']._serialized_end=760
   _globals['_VIDEOFRAME']._serialized_start=42
   _globals['_VIDEOFRAME']._serialized_end=215
   _globals['_PUSHFRAMESREQUEST']._serialized_start=217
@@ -45,12 +45,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FINISHSTREAMRESPONSE']._serialized_end=418
   _globals['_GETSTREAMINFOREQUEST']._serialized_start=420
   _globals['_GETSTREAMINFOREQUEST']._serialized_end=462
-  _globals['_GETSTREAMINFORESPONSE']._serialized_start=464
-  _globals['_GETSTREAMINFORESPONSE']._serialized_end=585
-  _globals['_GETRECORDINGREQUEST']._serialized_start=587
-  _globals['_GETRECORDINGREQUEST']._serialized_end=628
-  _globals['_GETRECORDINGRESPONSE']._serialized_start=630
-  _globals['_GETRECORDINGRESPONSE']._serialized_end=667
-  _globals['_STREAMERSERVICE']._serialized_start=739
-  _globals['_STREAMERSERVICE']._serialized_end=1089
+  _globals['_GETSTREAMINFORESPONSE']._serialized_start=465
+  _globals['_GETSTREAMINFORESPONSE']._serialized_end=609
+  _globals['_GETRECORDINGREQUEST']._serialized_start=611
+  _globals['_GETRECORDINGREQUEST']._serialized_end=652
+  _globals['_GETRECORDINGRESPONSE']._serialized_start=654
+  _globals['_GETRECORDINGRESPONSE']._serialized_end=691
+  _globals['_STREAMERSERVICE']._serialized_start=763
+  _globals['_STREAMERSERVICE']._serialized_end=1113
 # @@protoc_insertion_point(module_scope)

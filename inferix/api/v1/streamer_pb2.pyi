@@ -66,20 +66,22 @@ class GetStreamInfoRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class GetStreamInfoResponse(_message.Message):
-    __slots__ = ("session_id", "frames", "width", "height", "fps", "finished")
+    __slots__ = ("session_id", "frames", "width", "height", "fps", "finished", "frames_sha256")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
     HEIGHT_FIELD_NUMBER: _ClassVar[int]
     FPS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_SHA256_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     frames: int
     width: int
     height: int
     fps: float
     finished: bool
-    def __init__(self, session_id: _Optional[str] = ..., frames: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., fps: _Optional[float] = ..., finished: _Optional[bool] = ...) -> None: ...
+    frames_sha256: str
+    def __init__(self, session_id: _Optional[str] = ..., frames: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., fps: _Optional[float] = ..., finished: _Optional[bool] = ..., frames_sha256: _Optional[str] = ...) -> None: ...
 
 class GetRecordingRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workers.engine.attention.backends import AttentionBackend, get_backend
@@ -33,6 +34,32 @@ class CrossAttentionKV:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+class SequenceParallelHook(Protocol):
+    """What the DiT asks of sequence parallelism (implemented in `workers.engine.parallel`).
+
+    With a hook set, each rank of a pod holds the same run of every frame's tokens (frame-major)
+    from the patch embedding to the head. Everything but self-attention is per token or per frame,
+    so only self-attention and the final gather talk to the other ranks. The hook also tells the
+    pipeline what one rank's KV cache holds.
+    """
+
+    def shard(self, tokens: Tensor, rotations: Tensor, frames: int) -> tuple[Tensor, Tensor]:
+        """This rank's tokens [B, F*S/P, dim] of a block and their RoPE rotations."""
+        ...
+
+    def attention_cache(self, cache: SelfAttentionCache | None) -> SelfAttentionCache:
+        """The cache the self-attention layers call: it runs attention across the ranks."""
+        ...
+
+    def gather(self, tokens: Tensor, frames: int) -> Tensor:
+        """Every rank's head output, back in (f, h, w) token order [B, F*S, C] on every rank."""
+        ...
+
+    def cache_layout(self, num_heads: int, tokens_per_frame: int) -> tuple[int, int]:
+        """(heads, tokens of one frame) that this rank's KV cache holds."""
+        ...
 
 
 def sinusoidal_embedding(dim: int, positions: Tensor) -> Tensor:
@@ -56,10 +83,12 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.LayerNorm):
-    """LayerNorm computed in float32 (matters for bf16 weights)."""
+    """LayerNorm computed in float32, affine parameters included (bf16/fp16 weights stay exact)."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x.float()).type_as(x)
+        weight = None if self.weight is None else self.weight.float()
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
 
 
 class SelfAttention(nn.Module):
@@ -194,9 +223,14 @@ class CausalWanDiT(nn.Module):
         self.head = Head(config)
         self.rope = RopeTable(config.head_dim, config.rope_max_positions, config.rope_theta)
         self.backend = get_backend(attention_backend)
+        self.parallel: SequenceParallelHook | None = None
 
     def set_attention_backend(self, name: str) -> None:
         self.backend = get_backend(name)
+
+    def set_sequence_parallel(self, hook: SequenceParallelHook | None) -> None:
+        """Run every forward sharded over a pod's ranks (None: this process alone, the default)."""
+        self.parallel = hook
 
     # ---- prompt -----------------------------------------------------------------------------
     def encode_prompt(self, prompt_embeds: Tensor) -> CrossAttentionKV:
@@ -265,11 +299,16 @@ class CausalWanDiT(nn.Module):
         e_head = e.float().unflatten(0, (b, frames)).unsqueeze(2)
 
         rotations = self.rope.rotations(start_frame, *grid, device=tokens.device)
+        if self.parallel is not None:
+            tokens, rotations = self.parallel.shard(tokens, rotations, grid[0])
+            cache = self.parallel.attention_cache(cache)
         if cache is not None:
             cache.begin(start_frame, grid[0])
         for i, block in enumerate(self.blocks):
             tokens = block(tokens, e0, rotations, i, prompt.keys[i], prompt.values[i], cache, self.backend)
         out = self.head(tokens, e_head)
+        if self.parallel is not None:
+            out = self.parallel.gather(out, grid[0])
         return self._unpatchify(out, grid).float()
 
     def _unpatchify(self, x: Tensor, grid: tuple[int, int, int]) -> Tensor:

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from inferix.errors import CheckpointError, UserError
+from inferix.errors import UserError
+from workers.engine.checkpoint import load_into, read_state_dict
 from workers.engine.models.wan.tokenizer import PromptTokenizer
 
 __all__ = [
@@ -66,8 +66,7 @@ class UMT5Config:
                 raise UserError(f"text encoder config: {name} must be >= 1, got {getattr(self, name)}")
         if self.dim_attn % self.num_heads:
             raise UserError(
-                f"text encoder config: dim_attn ({self.dim_attn}) must be divisible by "
-                f"num_heads ({self.num_heads})"
+                f"text encoder config: dim_attn ({self.dim_attn}) must be divisible by num_heads ({self.num_heads})"
             )
         # Buckets are split in two directions, each half in an exact and a log-spaced part, so the
         # exact part (num_buckets // 4) must be non-empty and smaller than max_dist.
@@ -99,8 +98,7 @@ class UMT5Config:
             name = _KEY_ALIASES.get(key, key)
             if name not in known:
                 raise UserError(
-                    f"text encoder config: unknown key {key!r}; accepted keys are "
-                    f"{sorted(known | set(_KEY_ALIASES))}"
+                    f"text encoder config: unknown key {key!r}; accepted keys are {sorted(known | set(_KEY_ALIASES))}"
                 )
             values[name] = value
         return cls(**values)
@@ -245,39 +243,25 @@ class UMT5Encoder(nn.Module):
     ) -> UMT5Encoder:
         """Load a reference state dict (``.pth``/``.pt`` or ``.safetensors``) into an eval-mode encoder.
 
-        The module is built on the meta device and the checkpoint tensors are assigned directly, so
-        the 5.7B-parameter umt5-xxl is neither randomly initialised nor held twice in memory.
+        The parameters are created on the meta device and the checkpoint tensors become them
+        (`workers.engine.checkpoint.load_into`), so the 5.7B-parameter umt5-xxl is neither randomly
+        initialised nor held twice in memory.
         """
-        path = Path(path)
-        state = _read_state_dict(path)
-        with torch.device("meta"):
-            model = cls(config)
-        expected = model.state_dict()
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise CheckpointError(
-                f"{path} is not a UMT5 encoder state dict for this config: missing keys {missing[:5]}"
-                f"{' ...' if len(missing) > 5 else ''}, unexpected keys {unexpected[:5]}"
-                f"{' ...' if len(unexpected) > 5 else ''}; check num_layers and that the file "
-                "is the encoder-only checkpoint (e.g. models_t5_umt5-xxl-enc-bf16.pth)"
-            )
-        wrong_shape = [
-            f"{name} {tuple(state[name].shape)} != {tuple(param.shape)}"
-            for name, param in expected.items()
-            if state[name].shape != param.shape
-        ]
-        if wrong_shape:
-            raise CheckpointError(
-                f"{path} does not match the text encoder config (checkpoint vs model shapes): "
-                f"{'; '.join(wrong_shape[:5])}"
-            )
-        model.load_state_dict(
-            {name: tensor.to(device=device, dtype=dtype) for name, tensor in state.items()},
-            strict=True,
-            assign=True,
+        state = read_state_dict(
+            path,
+            "text encoder checkpoint",
+            "Expected the umt5 encoder weights, e.g. models_t5_umt5-xxl-enc-bf16.pth from the Wan2.1 release.",
         )
-        return model.eval().requires_grad_(False)
+        return load_into(
+            lambda: cls(config),
+            state,
+            path,
+            dtype=dtype,
+            device=device,
+            what="UMT5 encoder",
+            hint="check num_layers / dim of the text encoder config and that the file is the encoder-only "
+            "umt5 checkpoint (e.g. models_t5_umt5-xxl-enc-bf16.pth)",
+        )
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
         """Raw encoder output ``[B, L, dim]`` for token ``ids [B, L]`` and attention ``mask [B, L]``.
@@ -290,9 +274,7 @@ class UMT5Encoder(nn.Module):
                 f"ids and mask must both be [batch, length], got {tuple(ids.shape)} and {tuple(mask.shape)}"
             )
         x = self.token_embedding(ids)
-        buckets = relative_position_buckets(
-            ids.shape[1], self.config.num_buckets, self.config.max_dist, ids.device
-        )
+        buckets = relative_position_buckets(ids.shape[1], self.config.num_buckets, self.config.max_dist, ids.device)
         padding = (mask == 0)[:, None, None, :]
         for block in self.blocks:
             x = block(x, buckets, padding)
@@ -371,24 +353,3 @@ class PromptEncoder:
         embeds = self.encoder.prompt_embeds(ids.to(device), mask.to(device))
         # clone: a cached row must not keep the whole batch's storage alive after its neighbours are evicted
         return {prompt: row.clone() for prompt, row in zip(prompts, embeds, strict=True)}
-
-
-def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    """Read a checkpoint file into a flat name -> tensor dict, with errors that name the file."""
-    if not path.is_file():
-        raise CheckpointError(
-            f"text encoder checkpoint {path} does not exist; expected the umt5 encoder weights, "
-            "e.g. models_t5_umt5-xxl-enc-bf16.pth from the Wan2.1 release"
-        )
-    try:
-        if path.suffix == ".safetensors":
-            state: object = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # the loaders raise many unrelated types for a corrupt file
-        raise CheckpointError(f"cannot read text encoder checkpoint {path}: {exc}") from exc
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise CheckpointError(
-            f"{path} is not a flat state dict of tensors (name -> tensor) as the reference T5Encoder saves"
-        )
-    return state

@@ -33,10 +33,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import Tensor, nn
-
-from inferix.errors import CheckpointError
 
 __all__ = [
     "WAN21_LATENT_MEAN",
@@ -44,7 +41,6 @@ __all__ = [
     "VAEDecodeState",
     "WanVAE",
     "WanVAEConfig",
-    "load_weights",
     "to_unit_range",
 ]
 
@@ -435,26 +431,10 @@ class WanVAE(nn.Module):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> WanVAE:
-        """Load ``Wan2.1_VAE.pth`` or a ``.safetensors`` state dict (strict) into an eval-mode model.
+        """Load ``Wan2.1_VAE.pth`` or a ``.safetensors`` state dict (strict); see `checkpoint.load_vae`."""
+        from workers.engine.checkpoint import load_vae  # checkpoint imports this module
 
-        Built on the meta device and the checkpoint tensors assigned, so the weights are neither
-        randomly initialised first nor held twice.
-        """
-        state = load_weights(path)
-        with torch.device("meta"):
-            model = cls(config)
-        expected = model.state_dict()
-        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-        if missing or unexpected:
-            raise CheckpointError(
-                f"{path} is not a WanVAE_ state dict for {model.config}: missing keys {missing[:5]}, "
-                f"unexpected keys {unexpected[:5]}; check dim, num_res_blocks and dim_mult"
-            )
-        try:
-            model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, assign=True)
-        except RuntimeError as err:  # shape mismatches
-            raise CheckpointError(f"{path} does not match {model.config}: {err}") from err
-        return model.eval()
+        return load_vae(path, config or WanVAEConfig(), dtype=dtype, device=device)
 
     def new_decode_state(self) -> VAEDecodeState:
         """A fresh state for a new video (the next block decoded is latent frame 0)."""
@@ -541,20 +521,3 @@ class WanVAE(nn.Module):
 def to_unit_range(video: Tensor) -> Tensor:
     """Map decoder output in [-1, 1] to [0, 1] exactly like the reference pipeline."""
     return (video * 0.5 + 0.5).clamp(0.0, 1.0)
-
-
-def load_weights(path: str | Path) -> dict[str, Tensor]:
-    """Read a VAE state dict from ``.safetensors`` or a torch ``.pth``/``.pt`` file onto the CPU."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"VAE checkpoint {path} does not exist; expected e.g. Wan2.1_VAE.pth")
-    try:
-        if path.suffix == ".safetensors":
-            state: object = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # the loaders raise many unrelated types for a corrupt file
-        raise CheckpointError(f"cannot read VAE checkpoint {path}: {exc}") from exc
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise CheckpointError(f"{path} is not a flat state dict of tensors (name -> tensor) like WanVAE_'s")
-    return state

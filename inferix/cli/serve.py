@@ -1,0 +1,92 @@
+"""`inferix serve`: the whole mesh on this machine, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from inferix.errors import UserError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run scheduler, kvcache_svc, streamer and workers locally",
+        description=(
+            "Start every Inferix service on this machine (127.0.0.1) with embedded defaults: an in-memory "
+            "store and the tiny built-in model unless --model is given. Prints the addresses; Ctrl-C stops "
+            "everything cleanly."
+        ),
+        epilog="example: inferix serve --workers 2 --port 50051   then: inferix session create --prompt 'a red ball'",
+    )
+    parser.add_argument("--port", type=int, default=50051, help="scheduler port for clients (default 50051)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--model", type=Path, default=None, help="model folder (default: built-in tiny model)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--kv-pages", type=int, default=256, help="KV pages per worker (one latent frame each)")
+    parser.add_argument("--redis-url", default=None, help="use Redis for sessions and committed blocks")
+    parser.add_argument("--api-keys-file", type=Path, default=None, help="require API keys (one per line)")
+    parser.add_argument("--lookahead", type=int, default=2, help="blocks generated ahead of playback (default 2)")
+    parser.add_argument("--workdir", type=Path, default=None, help="logs and recordings (default: a temp dir)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from inferix.launch import ServiceStartError
+    from inferix.serve import MeshConfig, start_mesh
+
+    if args.workers < 1:
+        raise UserError(f"--workers must be at least 1, got {args.workers}")
+    if args.model is not None and not args.model.is_dir():
+        raise UserError(f"--model {args.model}: not a folder (see README: model folders)")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="inferix-serve-"))
+    config = MeshConfig(
+        workdir=workdir,
+        workers=args.workers,
+        model=args.model,
+        device=args.device,
+        kv_pages=args.kv_pages,
+        scheduler_port=args.port,
+        redis_url=args.redis_url,
+        api_keys_file=args.api_keys_file,
+        lookahead=args.lookahead,
+    )
+    print(f"starting Inferix ({args.workers} worker(s), model {args.model or 'tiny (built-in)'}) ...", flush=True)
+    try:
+        mesh = start_mesh(config)
+    except ServiceStartError as exc:
+        raise UserError(str(exc).splitlines()[0] + f" (logs in {workdir})") from exc
+    print(
+        f"scheduler   {mesh.scheduler.address}   <- clients: inferix session --server {mesh.scheduler.address} ...\n"
+        f"streamer    {mesh.streamer.address}\n"
+        f"kvcache     {mesh.kvcache.address}\n"
+        + "".join(f"{w.name:<11} {w.address}\n" for w in mesh.workers)
+        + "metrics     "
+        + " ".join(f"{p.name}:{p.metrics_port}" for p in mesh.processes() if p.metrics_port)
+        + f"\nlogs        {workdir}\nCtrl-C to stop",
+        flush=True,
+    )
+    stopping = False
+
+    def request_stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        while not stopping:
+            dead = [p.name for p in mesh.processes() if not p.alive()]
+            if dead:
+                print(f"service(s) exited: {', '.join(dead)}; stopping (logs in {workdir})", flush=True)
+                break
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    print("stopping ...", flush=True)
+    codes = mesh.stop()
+    print("stopped: " + ", ".join(f"{name}={code}" for name, code in codes.items()), flush=True)
+    return 0

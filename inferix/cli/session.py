@@ -1,0 +1,152 @@
+"""`inferix session ...`: drive sessions on a running mesh (see `inferix serve`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from inferix.errors import UserError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "session",
+        help="create, watch and control sessions on a running mesh",
+        description="Talk to an Inferix scheduler (started by `inferix serve` or a cluster).",
+    )
+    parser.add_argument(
+        "--server", default=os.environ.get("INFERIX_SERVER", "127.0.0.1:50051"), help="scheduler address"
+    )
+    parser.add_argument("--api-key", default=os.environ.get("INFERIX_API_KEY"), help="API key (env INFERIX_API_KEY)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
+    commands = parser.add_subparsers(dest="session_command", metavar="ACTION", required=True)
+
+    create = commands.add_parser("create", help="create a session (prints its id)")
+    create.add_argument("--prompt", required=True)
+    create.add_argument("--prompt-at", action="append", default=[], metavar='BLOCK:"TEXT"')
+    create.add_argument("--model", default="tiny")
+    create.add_argument("--blocks", type=int, default=0, help="blocks to generate (0 = until stopped)")
+    create.add_argument("--seed", type=int, default=0)
+    create.add_argument("--width", type=int, default=0)
+    create.add_argument("--height", type=int, default=0)
+    create.add_argument("--lookahead", type=int, default=0)
+    create.add_argument("--wait", action="store_true", help="queue if no worker has room")
+    create.add_argument("--watch", action="store_true", help="then watch it until it ends")
+
+    for name, help_text in (
+        ("watch", "print the session's events until it ends"),
+        ("pause", "pause at the next block boundary"),
+        ("resume", "resume a paused session"),
+        ("stop", "finish at the next block boundary"),
+        ("get", "print the session"),
+        ("cancel", "cancel now"),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("session_id")
+    prompt = commands.add_parser("prompt", help="change the prompt at the next block boundary")
+    prompt.add_argument("session_id")
+    prompt.add_argument("text")
+    prompt.add_argument("--recache", action="store_true", help="re-encode cached frames under the new prompt")
+    listing = commands.add_parser("list", help="list your sessions")
+    listing.add_argument("--state", action="append", default=[], help="only this state (repeatable)")
+    download = commands.add_parser("download", help="save a finished session's MP4")
+    download.add_argument("session_id")
+    download.add_argument("out", type=Path)
+    parser.set_defaults(func=run)
+
+
+def _print_session(info: Any) -> None:
+    print(
+        f"{info.session_id}  {info.state:<9} blocks {info.blocks_done}"
+        f"{'/' + str(info.num_blocks) if info.num_blocks else ''}  {info.model} {info.width}x{info.height}  "
+        f"worker {info.worker_id or '-'}  prompt {info.current_prompt!r}"
+        + (f"  error: {info.error}" if info.error else "")
+    )
+
+
+def _watch(events: Any) -> int:
+    from inferix.client import BlockDone, CommandAccepted, SessionError, StateChanged
+
+    final = "unknown"
+    for event in events:
+        if isinstance(event, BlockDone):
+            print(
+                f"block {event.block_index:>4}  frames {event.first_frame}-{event.first_frame + event.num_frames - 1}"
+                f"  {event.engine_ms:7.0f} ms  {event.worker_id}  {event.prompt!r}",
+                flush=True,
+            )
+        elif isinstance(event, StateChanged):
+            final = event.state
+            print(f"state {event.state}: {event.reason}", flush=True)
+        elif isinstance(event, CommandAccepted):
+            print(f"{event.command} applies at block {event.applies_at_block}", flush=True)
+        elif isinstance(event, SessionError):
+            print(f"error {event.code}: {event.message}", file=sys.stderr, flush=True)
+    return 0 if final in ("completed", "cancelled") else 1
+
+
+def _command(client: Any, session_id: str, send: Any) -> int:
+    from inferix.client import CommandAccepted, SessionError
+
+    with client.interact(session_id, from_block=1 << 31) as interaction:
+        send(interaction)
+        for event in interaction.events():
+            if isinstance(event, CommandAccepted):
+                print(f"{event.command} applies at block {event.applies_at_block}")
+                return 0
+            if isinstance(event, SessionError):
+                raise UserError(event.message)
+    raise UserError("the session ended before the command was accepted")
+
+
+def run(args: argparse.Namespace) -> int:
+    import grpc
+
+    from inferix.cli.generate import parse_prompt_schedule
+    from inferix.client import Client, PromptChange
+
+    client = Client(args.server, api_key=args.api_key, timeout=args.timeout)
+    action = args.session_command
+    try:
+        if action == "create":
+            schedule = parse_prompt_schedule(args.prompt, args.prompt_at, recache=False)
+            info = client.create_session(
+                [PromptChange(c.at_block, c.text, c.recache) for c in schedule],
+                model=args.model,
+                width=args.width,
+                height=args.height,
+                seed=args.seed,
+                num_blocks=args.blocks,
+                lookahead=args.lookahead,
+                wait_for_capacity=args.wait,
+            )
+            print(info.session_id, flush=True)
+            return _watch(client.events(info.session_id)) if args.watch else 0
+        if action == "watch":
+            return _watch(client.events(args.session_id))
+        if action in ("get", "cancel"):
+            info = client.get_session(args.session_id) if action == "get" else client.cancel_session(args.session_id)
+            _print_session(info)
+            return 0
+        if action == "list":
+            for info in client.list_sessions(args.state or None):
+                _print_session(info)
+            return 0
+        if action == "download":
+            info = client.get_session(args.session_id)
+            print(client.download_recording(info, args.out))
+            return 0
+        if action == "prompt":
+            return _command(client, args.session_id, lambda i: i.set_prompt(args.text, args.recache))
+        return _command(client, args.session_id, lambda i: getattr(i, action)())
+    except grpc.RpcError as exc:
+        code = exc.code()
+        details = exc.details()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            raise UserError(f"no scheduler at {args.server}: start one with `inferix serve` or pass --server") from None
+        raise UserError(f"{code.name}: {details}") from None
+    finally:
+        client.close()

@@ -1,0 +1,154 @@
+"""`AsyncClient`: the asyncio SDK for the Scheduler API."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
+from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address
+from inferix.client.types import Event, PromptChange, SessionInfo, event_from_proto, session_spec, state_value
+from inferix.telemetry import client_interceptors
+
+
+class AsyncInteraction:
+    """An open Interact stream: iterate `events()`, send commands; applied at block boundaries."""
+
+    def __init__(
+        self, stub: scheduler_pb2_grpc.SchedulerServiceStub, session_id: str, from_block: int, md: tuple
+    ) -> None:
+        self._outgoing: asyncio.Queue[scheduler_pb2.InteractRequest | None] = asyncio.Queue()
+        self._outgoing.put_nowait(
+            scheduler_pb2.InteractRequest(attach=scheduler_pb2.Attach(session_id=session_id, from_block=from_block))
+        )
+        self._call = stub.Interact(self._requests(), metadata=md)
+
+    async def _requests(self) -> AsyncIterator[scheduler_pb2.InteractRequest]:
+        while (request := await self._outgoing.get()) is not None:
+            yield request
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Events until the session ends (the stream closes then)."""
+        async for response in self._call:
+            yield event_from_proto(response)
+
+    async def set_prompt(self, text: str, recache: bool = False) -> None:
+        await self._outgoing.put(
+            scheduler_pb2.InteractRequest(set_prompt=scheduler_pb2.SetPrompt(text=text, recache=recache))
+        )
+
+    async def pause(self) -> None:
+        await self._outgoing.put(scheduler_pb2.InteractRequest(pause=scheduler_pb2.Pause()))
+
+    async def resume(self) -> None:
+        await self._outgoing.put(scheduler_pb2.InteractRequest(resume=scheduler_pb2.Resume()))
+
+    async def stop(self) -> None:
+        await self._outgoing.put(scheduler_pb2.InteractRequest(stop=scheduler_pb2.Stop()))
+
+    async def close(self) -> None:
+        await self._outgoing.put(None)
+        self._call.cancel()
+
+    async def __aenter__(self) -> AsyncInteraction:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AsyncClient:
+    """Client of the Scheduler API. Unary calls retry on UNAVAILABLE and carry a deadline."""
+
+    def __init__(self, address: str = "127.0.0.1:50051", api_key: str | None = None, timeout: float = 30.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._metadata = metadata(api_key)
+        # The interceptors propagate the caller's trace context (a no-op without a tracer provider).
+        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+
+    async def create_session(
+        self,
+        prompt: str | list[PromptChange],
+        *,
+        model: str = "tiny",
+        width: int = 0,
+        height: int = 0,
+        seed: int = 0,
+        num_blocks: int = 0,
+        lookahead: int = 0,
+        wait_for_capacity: bool = False,
+    ) -> SessionInfo:
+        """Create a session (width/height 0 = the model's native size; num_blocks 0 = unbounded)."""
+        spec = session_spec(
+            prompt,
+            model=model,
+            width=width,
+            height=height,
+            seed=seed,
+            num_blocks=num_blocks,
+            lookahead=lookahead,
+            wait_for_capacity=wait_for_capacity,
+        )
+        reply = await self._stub.CreateSession(
+            scheduler_pb2.CreateSessionRequest(spec=spec), timeout=self.timeout, metadata=self._metadata
+        )
+        return SessionInfo.from_proto(reply.session)
+
+    async def get_session(self, session_id: str) -> SessionInfo:
+        reply = await self._stub.GetSession(
+            scheduler_pb2.GetSessionRequest(session_id=session_id), timeout=self.timeout, metadata=self._metadata
+        )
+        return SessionInfo.from_proto(reply.session)
+
+    async def list_sessions(self, states: list[str] | None = None) -> list[SessionInfo]:
+        request = scheduler_pb2.ListSessionsRequest(states=[state_value(s) for s in states or []])  # type: ignore[misc]
+        reply = await self._stub.ListSessions(request, timeout=self.timeout, metadata=self._metadata)
+        return [SessionInfo.from_proto(s) for s in reply.sessions]
+
+    async def cancel_session(self, session_id: str) -> SessionInfo:
+        reply = await self._stub.CancelSession(
+            scheduler_pb2.CancelSessionRequest(session_id=session_id), timeout=self.timeout, metadata=self._metadata
+        )
+        return SessionInfo.from_proto(reply.session)
+
+    def interact(self, session_id: str, from_block: int = 0) -> AsyncInteraction:
+        return AsyncInteraction(self._stub, session_id, from_block, self._metadata)
+
+    async def events(self, session_id: str, from_block: int = 0) -> AsyncIterator[Event]:
+        """Watch a session: every event from `from_block` until it ends."""
+        async with self.interact(session_id, from_block) as interaction:
+            async for event in interaction.events():
+                yield event
+
+    async def download_recording(self, session: SessionInfo, path: str | Path) -> Path:
+        """Save the session's MP4 (available once the session has ended)."""
+        address, session_id = recording_address(session.mp4_url)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            stub = streamer_pb2_grpc.StreamerServiceStub(channel)
+            tmp = path.with_suffix(path.suffix + ".part")
+            with tmp.open("wb") as out:
+                async for chunk in stub.GetRecording(
+                    streamer_pb2.GetRecordingRequest(session_id=session_id), timeout=self.timeout
+                ):
+                    out.write(chunk.chunk)
+            tmp.replace(path)
+        return path
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

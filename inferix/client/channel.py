@@ -1,0 +1,40 @@
+"""Channel options shared by the sync and async clients: retries on UNAVAILABLE, large messages."""
+
+from __future__ import annotations
+
+import json
+
+RETRY_SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "inferix.v1.SchedulerService"}, {"service": "inferix.v1.StreamerService"}],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "2s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+CHANNEL_OPTIONS = [
+    ("grpc.enable_retries", 1),
+    ("grpc.service_config", RETRY_SERVICE_CONFIG),
+    ("grpc.max_receive_message_length", 64 * 2**20),
+]
+
+
+def metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+def recording_address(mp4_url: str) -> tuple[str, str]:
+    """`grpc://host:port/recordings/<id>.mp4` -> (host:port, id)."""
+    if not mp4_url.startswith("grpc://") or "/recordings/" not in mp4_url:
+        raise ValueError(f"not a recording URL: {mp4_url!r}")
+    address, _, path = mp4_url.removeprefix("grpc://").partition("/recordings/")
+    return address, path.removesuffix(".mp4")

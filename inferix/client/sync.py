@@ -1,0 +1,147 @@
+"""`Client`: the blocking SDK (the same API as `AsyncClient`, for scripts and the CLI)."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
+from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address
+from inferix.client.types import Event, PromptChange, SessionInfo, event_from_proto, session_spec, state_value
+from inferix.telemetry import TraceContextInterceptor
+
+
+class Interaction:
+    """An open Interact stream (blocking): iterate `events()`; commands may come from any thread."""
+
+    def __init__(
+        self, stub: scheduler_pb2_grpc.SchedulerServiceStub, session_id: str, from_block: int, md: tuple
+    ) -> None:
+        self._outgoing: queue.Queue[scheduler_pb2.InteractRequest | None] = queue.Queue()
+        self._outgoing.put(
+            scheduler_pb2.InteractRequest(attach=scheduler_pb2.Attach(session_id=session_id, from_block=from_block))
+        )
+        self._call = stub.Interact(iter(self._outgoing.get, None), metadata=md)
+
+    def events(self) -> Iterator[Event]:
+        for response in self._call:
+            yield event_from_proto(response)
+
+    def set_prompt(self, text: str, recache: bool = False) -> None:
+        self._outgoing.put(
+            scheduler_pb2.InteractRequest(set_prompt=scheduler_pb2.SetPrompt(text=text, recache=recache))
+        )
+
+    def pause(self) -> None:
+        self._outgoing.put(scheduler_pb2.InteractRequest(pause=scheduler_pb2.Pause()))
+
+    def resume(self) -> None:
+        self._outgoing.put(scheduler_pb2.InteractRequest(resume=scheduler_pb2.Resume()))
+
+    def stop(self) -> None:
+        self._outgoing.put(scheduler_pb2.InteractRequest(stop=scheduler_pb2.Stop()))
+
+    def close(self) -> None:
+        self._outgoing.put(None)
+        self._call.cancel()
+
+    def __enter__(self) -> Interaction:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Client:
+    """Blocking client of the Scheduler API. Unary calls retry on UNAVAILABLE and carry a deadline."""
+
+    def __init__(self, address: str = "127.0.0.1:50051", api_key: str | None = None, timeout: float = 30.0) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._metadata = metadata(api_key)
+        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        # Propagates the caller's trace context (a no-op without a tracer provider).
+        traced = grpc.intercept_channel(self._channel, TraceContextInterceptor())
+        self._stub = scheduler_pb2_grpc.SchedulerServiceStub(traced)
+
+    def create_session(
+        self,
+        prompt: str | list[PromptChange],
+        *,
+        model: str = "tiny",
+        width: int = 0,
+        height: int = 0,
+        seed: int = 0,
+        num_blocks: int = 0,
+        lookahead: int = 0,
+        wait_for_capacity: bool = False,
+    ) -> SessionInfo:
+        """Create a session (width/height 0 = the model's native size; num_blocks 0 = unbounded)."""
+        spec = session_spec(
+            prompt,
+            model=model,
+            width=width,
+            height=height,
+            seed=seed,
+            num_blocks=num_blocks,
+            lookahead=lookahead,
+            wait_for_capacity=wait_for_capacity,
+        )
+        reply = self._stub.CreateSession(
+            scheduler_pb2.CreateSessionRequest(spec=spec), timeout=self.timeout, metadata=self._metadata
+        )
+        return SessionInfo.from_proto(reply.session)
+
+    def get_session(self, session_id: str) -> SessionInfo:
+        reply = self._stub.GetSession(
+            scheduler_pb2.GetSessionRequest(session_id=session_id), timeout=self.timeout, metadata=self._metadata
+        )
+        return SessionInfo.from_proto(reply.session)
+
+    def list_sessions(self, states: list[str] | None = None) -> list[SessionInfo]:
+        request = scheduler_pb2.ListSessionsRequest(states=[state_value(s) for s in states or []])  # type: ignore[misc]
+        reply = self._stub.ListSessions(request, timeout=self.timeout, metadata=self._metadata)
+        return [SessionInfo.from_proto(s) for s in reply.sessions]
+
+    def cancel_session(self, session_id: str) -> SessionInfo:
+        reply = self._stub.CancelSession(
+            scheduler_pb2.CancelSessionRequest(session_id=session_id), timeout=self.timeout, metadata=self._metadata
+        )
+        return SessionInfo.from_proto(reply.session)
+
+    def interact(self, session_id: str, from_block: int = 0) -> Interaction:
+        return Interaction(self._stub, session_id, from_block, self._metadata)
+
+    def events(self, session_id: str, from_block: int = 0) -> Iterator[Event]:
+        with self.interact(session_id, from_block) as interaction:
+            yield from interaction.events()
+
+    def download_recording(self, session: SessionInfo, path: str | Path) -> Path:
+        address, session_id = recording_address(session.mp4_url)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            stub = streamer_pb2_grpc.StreamerServiceStub(channel)
+            tmp = path.with_suffix(path.suffix + ".part")
+            with tmp.open("wb") as out:
+                for chunk in stub.GetRecording(
+                    streamer_pb2.GetRecordingRequest(session_id=session_id), timeout=self.timeout
+                ):
+                    out.write(chunk.chunk)
+            tmp.replace(path)
+        return path
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,148 @@
+"""Plain dataclasses the SDK returns (no protobuf in user code)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from inferix.api.v1 import common_pb2, scheduler_pb2
+
+SessionStateName = Literal["unspecified", "queued", "running", "paused", "completed", "cancelled", "failed"]
+TERMINAL_STATES = ("completed", "cancelled", "failed")
+
+
+def state_name(value: int) -> SessionStateName:
+    return common_pb2.SessionState.Name(value).removeprefix("SESSION_STATE_").lower()
+
+
+def state_value(name: str) -> int:
+    return common_pb2.SessionState.Value(f"SESSION_STATE_{name.upper()}")
+
+
+@dataclass(frozen=True)
+class PromptChange:
+    """`text` from block `at_block` on; `recache` re-encodes the cached frames under it."""
+
+    at_block: int
+    text: str
+    recache: bool = False
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    session_id: str
+    state: SessionStateName
+    model: str
+    width: int
+    height: int
+    seed: int
+    num_blocks: int  # 0 = unbounded
+    blocks_done: int
+    worker_id: str
+    current_prompt: str
+    mp4_url: str
+    error: str
+    prompts: tuple[PromptChange, ...] = field(default_factory=tuple)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_proto(cls, s: common_pb2.Session) -> SessionInfo:
+        return cls(
+            session_id=s.session_id,
+            state=state_name(s.state),
+            model=s.spec.model,
+            width=s.spec.resolution.width,
+            height=s.spec.resolution.height,
+            seed=s.spec.seed,
+            num_blocks=s.spec.num_blocks,
+            blocks_done=s.blocks_done,
+            worker_id=s.worker_id,
+            current_prompt=s.current_prompt,
+            mp4_url=s.urls.mp4,
+            error=s.error,
+            prompts=tuple(PromptChange(p.at_block, p.text, p.recache) for p in s.spec.prompts),
+        )
+
+
+@dataclass(frozen=True)
+class BlockDone:
+    session_id: str
+    block_index: int
+    first_frame: int
+    num_frames: int
+    prompt: str
+    worker_id: str
+    engine_ms: float
+    dispatch_to_done_ms: float
+
+
+@dataclass(frozen=True)
+class StateChanged:
+    session_id: str
+    state: SessionStateName
+    reason: str
+
+
+@dataclass(frozen=True)
+class CommandAccepted:
+    session_id: str
+    command: str
+    applies_at_block: int
+
+
+@dataclass(frozen=True)
+class SessionError:
+    session_id: str
+    code: int
+    message: str
+
+
+Event = BlockDone | StateChanged | CommandAccepted | SessionError
+
+
+def event_from_proto(r: scheduler_pb2.InteractResponse) -> Event:
+    kind = r.WhichOneof("event")
+    if kind == "block":
+        b = r.block
+        return BlockDone(
+            r.session_id,
+            b.block_index,
+            b.first_frame,
+            b.num_frames,
+            b.prompt,
+            b.worker_id,
+            b.timings.total_ms,
+            b.timings.dispatch_to_done_ms,
+        )
+    if kind == "state":
+        return StateChanged(r.session_id, state_name(r.state.state), r.state.reason)
+    if kind == "accepted":
+        return CommandAccepted(r.session_id, r.accepted.command, r.accepted.applies_at_block)
+    return SessionError(r.session_id, r.error.code, r.error.message)
+
+
+def session_spec(
+    prompt: str | list[PromptChange],
+    *,
+    model: str,
+    width: int,
+    height: int,
+    seed: int,
+    num_blocks: int,
+    lookahead: int,
+    wait_for_capacity: bool,
+) -> common_pb2.SessionSpec:
+    changes = [PromptChange(0, prompt)] if isinstance(prompt, str) else list(prompt)
+    return common_pb2.SessionSpec(
+        model=model,
+        resolution=common_pb2.Resolution(width=width, height=height),
+        seed=seed,
+        prompts=[common_pb2.PromptChange(at_block=c.at_block, text=c.text, recache=c.recache) for c in changes],
+        num_blocks=num_blocks,
+        outputs=common_pb2.OutputOptions(mp4=True),
+        lookahead=lookahead,
+        wait_for_capacity=wait_for_capacity,
+    )

@@ -1,0 +1,72 @@
+"""`python -m kvcache_svc`: serve the KVCacheService (see `--help`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+from inferix.server import ServerOptions, add_server_arguments, run_server
+from inferix.store import StoreError, StoreURLError, open_store
+from kvcache_svc.service import KVCacheConfig, add_to_server
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = KVCacheConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m kvcache_svc",
+        description="KV-cache placement service: worker registry, admission control, committed block latents.",
+    )
+    add_server_arguments(parser, "kvcache", 50053)
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("INFERIX_REDIS_URL") or None,
+        help="keep state in Redis (redis://host:port/db) so it is shared and survives restarts; "
+        "default: in memory (env INFERIX_REDIS_URL)",
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=_seconds,
+        # A string default goes through `type` too, so a bad environment value is reported like a bad flag.
+        default=os.environ.get("INFERIX_KVCACHE_HEARTBEAT_TIMEOUT", str(defaults.heartbeat_timeout_s)),
+        help="a worker not heard from for this many seconds is dead: listed as such and never chosen "
+        "(env INFERIX_KVCACHE_HEARTBEAT_TIMEOUT; default %(default)s)",
+    )
+    parser.add_argument(
+        "--finished-ttl",
+        type=_seconds,
+        default=defaults.finished_ttl_s,
+        help="seconds the committed blocks of a released session are kept (default %(default)s)",
+    )
+    return parser
+
+
+async def serve(options: ServerOptions, redis_url: str | None, config: KVCacheConfig) -> None:
+    try:
+        store = open_store(redis_url)
+        await store.ping()
+    except StoreURLError as exc:
+        raise SystemExit(f"kvcache: {exc}") from exc
+    except StoreError as exc:
+        raise SystemExit(f"kvcache: cannot use the store: {exc}") from exc
+    try:
+        await run_server("kvcache", options, lambda server: add_to_server(server, store, config))
+    finally:
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    config = KVCacheConfig(heartbeat_timeout_s=args.heartbeat_timeout, finished_ttl_s=args.finished_ttl)
+    asyncio.run(serve(ServerOptions.from_args(args), args.redis_url, config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Committed block latents per session: the durable input of recovery by recompute.
+
+Layout in the store (one value per block, because a block's latents are ~1 MB and a session
+can run for hundreds of blocks; rewriting one growing value per commit would be quadratic):
+
+    kvcache/blocks/<session>/index                 JSON {block index: content digest}
+    kvcache/blocks/<session>/<index:010d>-<digest> the CommittedBlock message, serialised
+
+Commit writes the block value first and then adds it to the index with one atomic update, so a
+crash between the two leaves an unreferenced value, never an index entry without data. The
+digest in the key means a conflicting commit can never overwrite committed bytes. Committing
+the same index again with identical content is a no-op (workers retry; recovery re-runs
+blocks deterministically); different content is refused, because it means two workers are
+generating the same session.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+from inferix.api.v1 import kvcache_pb2
+from inferix.store import Store, StoreError
+from kvcache_svc.errors import AlreadyCommittedError, InvalidRequestError
+from kvcache_svc.registry import require_id
+
+BLOCKS_PREFIX = "kvcache/blocks/"
+FLOAT32_BYTES = 4
+MIN_TTL_S = 0.001  # a key about to expire keeps a positive TTL when copied to a new key
+
+
+@dataclass(frozen=True)
+class CommittedBlock:
+    """Clean latents of one block; shape [frames, channels, height, width], float32 little-endian."""
+
+    block_index: int
+    start_frame: int
+    shape: tuple[int, ...]
+    latents: bytes
+    prompt: str = ""
+
+    def validate(self, session_id: str) -> None:
+        where = f"block {self.block_index} of session {session_id!r}"
+        if len(self.shape) != 4 or min(self.shape) < 1:
+            raise InvalidRequestError(
+                f"{where}: shape must be [frames, channels, height, width] with every dimension >= 1, "
+                f"got {list(self.shape)}"
+            )
+        expected = FLOAT32_BYTES * math.prod(self.shape)
+        if len(self.latents) != expected:
+            raise InvalidRequestError(
+                f"{where}: latents hold {len(self.latents)} bytes but shape {list(self.shape)} of float32 "
+                f"needs {expected}"
+            )
+
+    def to_proto(self) -> kvcache_pb2.CommittedBlock:
+        return kvcache_pb2.CommittedBlock(
+            block_index=self.block_index,
+            start_frame=self.start_frame,
+            shape=list(self.shape),
+            latents=self.latents,
+            prompt=self.prompt,
+        )
+
+    @classmethod
+    def from_proto(cls, message: kvcache_pb2.CommittedBlock) -> CommittedBlock:
+        return cls(message.block_index, message.start_frame, tuple(message.shape), message.latents, message.prompt)
+
+    def encode(self) -> bytes:
+        return self.to_proto().SerializeToString(deterministic=True)
+
+    @classmethod
+    def decode(cls, data: bytes) -> CommittedBlock:
+        return cls.from_proto(kvcache_pb2.CommittedBlock.FromString(data))
+
+
+def _index_key(session_id: str) -> str:
+    return f"{BLOCKS_PREFIX}{session_id}/index"
+
+
+def _block_key(session_id: str, block_index: int, digest: str) -> str:
+    return f"{BLOCKS_PREFIX}{session_id}/{block_index:010d}-{digest}"
+
+
+def _decode_index(data: bytes | None) -> dict[int, str]:
+    return {int(index): digest for index, digest in json.loads(data).items()} if data else {}
+
+
+def _encode_index(index: dict[int, str]) -> bytes:
+    return json.dumps({str(i): d for i, d in sorted(index.items())}).encode()
+
+
+class BlockStore:
+    """Commit, read and expire the committed blocks of sessions."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def commit(self, session_id: str, block: CommittedBlock) -> bool:
+        """Store `block`; True when it is new, False when the same content was already there."""
+        require_id("session_id", session_id)
+        block.validate(session_id)
+        payload = block.encode()
+        digest = hashlib.sha256(payload).hexdigest()[:32]
+        index_key = _index_key(session_id)
+
+        def conflict(existing: str) -> AlreadyCommittedError:
+            return AlreadyCommittedError(
+                f"block {block.block_index} of session {session_id!r} is already committed with different "
+                f"content (digest {existing}, this one {digest}); committed blocks are immutable, so another "
+                "worker is probably generating this session"
+            )
+
+        existing = _decode_index(await self.store.get(index_key)).get(block.block_index)
+        if existing == digest:
+            return False
+        if existing is not None:
+            raise conflict(existing)
+        # A released session's keys expire; blocks committed after the release follow the same clock.
+        ttl = await self.store.ttl(index_key)
+        ttl = None if ttl is None else max(ttl, MIN_TTL_S)
+        block_key = _block_key(session_id, block.block_index, digest)
+        await self.store.put(block_key, payload, ttl_s=ttl)
+        added = False
+
+        def add(old: bytes | None) -> bytes:
+            nonlocal added
+            index = _decode_index(old)
+            current = index.get(block.block_index)
+            if current is not None and current != digest:
+                raise conflict(current)
+            added = current is None
+            index[block.block_index] = digest
+            return _encode_index(index)
+
+        try:
+            await self.store.update(index_key, add, ttl_s=ttl)
+        except AlreadyCommittedError:
+            await self.store.delete(block_key)  # ours is unreferenced; the winner's key differs
+            raise
+        return added
+
+    async def get(self, session_id: str) -> list[CommittedBlock] | None:
+        """The session's blocks by ascending index; None when it has never committed one."""
+        require_id("session_id", session_id)
+        index = _decode_index(await self.store.get(_index_key(session_id)))
+        if not index:
+            return None
+        ordered = sorted(index.items())
+        values = await self.store.get_many([_block_key(session_id, i, d) for i, d in ordered])
+        missing = [i for (i, _), value in zip(ordered, values, strict=True) if value is None]
+        if missing:
+            raise StoreError(
+                f"committed blocks {missing} of session {session_id!r} are listed but missing from the store "
+                "(expired or deleted outside kvcache_svc)"
+            )
+        return [CommittedBlock.decode(value) for value in values if value is not None]
+
+    async def expire(self, session_id: str, ttl_s: float) -> int:
+        """Let every committed block of the session expire in `ttl_s`; returns how many."""
+        require_id("session_id", session_id)
+        index_key = _index_key(session_id)
+        index = _decode_index(await self.store.get(index_key))
+        for block_index, digest in index.items():
+            await self.store.expire(_block_key(session_id, block_index, digest), ttl_s)
+        await self.store.expire(index_key, ttl_s)
+        return len(index)

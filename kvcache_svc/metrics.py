@@ -1,0 +1,48 @@
+"""Prometheus metrics of kvcache_svc (served on `--metrics-port`).
+
+Gauges are recomputed from the registry on a timer rather than on each RPC: liveness changes
+with time alone (a worker that stops reporting dies without any RPC), and with Redis another
+replica may have changed the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from prometheus_client import Counter, Gauge
+
+from inferix.store import StoreError
+from kvcache_svc.registry import Registry
+
+log = logging.getLogger("kvcache_svc.metrics")
+
+WORKERS_ALIVE = Gauge("inferix_kvcache_workers_alive", "Workers heard from within the heartbeat timeout")
+WORKERS_REGISTERED = Gauge("inferix_kvcache_workers_registered", "Workers registered, alive or not")
+PAGES_TOTAL = Gauge("inferix_kvcache_pages_total", "KV pool pages declared by alive workers")
+PAGES_USED = Gauge("inferix_kvcache_pages_used", "KV pool pages in use on alive workers, as last reported")
+PAGES_RESERVED = Gauge("inferix_kvcache_pages_reserved", "KV pool pages reserved by admitted sessions on alive workers")
+ADMISSIONS = Counter("inferix_kvcache_admissions", "Admit requests by outcome", ["outcome"])
+for _outcome in ("accepted", "rejected"):
+    ADMISSIONS.labels(outcome=_outcome)  # export both series from the start, at 0
+
+
+async def refresh(registry: Registry) -> None:
+    """Recompute the gauges from the registry once."""
+    records = await registry.workers()
+    alive = [r for r in records if registry.alive(r)]
+    WORKERS_REGISTERED.set(len(records))
+    WORKERS_ALIVE.set(len(alive))
+    PAGES_TOTAL.set(sum(r.total_pages for r in alive))
+    PAGES_USED.set(sum(r.used_pages for r in alive))
+    PAGES_RESERVED.set(sum(r.reserved_pages for r in alive))
+
+
+async def refresh_forever(registry: Registry, interval_s: float) -> None:
+    """Keep the gauges current until cancelled; a store outage is logged, not fatal."""
+    while True:
+        try:
+            await refresh(registry)
+        except StoreError as exc:
+            log.warning("cannot refresh metrics: %s", exc)
+        await asyncio.sleep(interval_s)

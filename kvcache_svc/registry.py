@@ -1,0 +1,267 @@
+"""The worker registry and session reservations, kept in a `Store`.
+
+One record per worker (`kvcache/workers/<id>`, JSON) holds its declared pool, its last report,
+the last heartbeat sequence, and the reservations of the sessions placed on it. Keeping the
+reservations inside the worker's record is what makes admission safe without a global lock:
+"check free pages, then reserve" is one atomic `Store.update` of that record, so two
+kvcache_svc replicas (or concurrent RPCs) can never over-commit a worker. Liveness is derived
+from the wall-clock `last_seen_unix`, which stays meaningful across restarts and hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+from inferix.store import Store, StoreConflictError
+from kvcache_svc.errors import InvalidRequestError, NotFoundError, PreconditionError
+from kvcache_svc.placement import PlacementRequest, WorkerLoad, choose_worker, eligible, fits
+
+WORKERS_PREFIX = "kvcache/workers/"
+MAX_ADMIT_ROUNDS = 32  # a lost round means a concurrent admission took the room; re-place on fresh state
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def require_id(kind: str, value: str) -> str:
+    """Ids become store keys, so they are restricted to a safe, unambiguous alphabet."""
+    if not value:
+        raise InvalidRequestError(f"{kind} is required")
+    if not _ID.fullmatch(value):
+        raise InvalidRequestError(
+            f"{kind} {value!r} is not valid: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class KVReport:
+    """A worker's pool as it reports it (the KVUsage message, as a dataclass)."""
+
+    total_pages: int
+    used_pages: int = 0
+    page_bytes: int = 0
+    host_pages_used: int = 0
+    sessions: int = 0
+
+
+@dataclass
+class WorkerRecord:
+    worker_id: str
+    address: str
+    model: str
+    total_pages: int
+    page_bytes: int
+    used_pages: int = 0
+    host_pages_used: int = 0
+    sessions: int = 0
+    session_ids: list[str] = field(default_factory=list)
+    sequence: int = 0  # last accepted heartbeat sequence; RegisterWorker resets it to 0
+    last_seen_unix: float = 0.0
+    reservations: dict[str, int] = field(default_factory=dict)  # session id -> pages
+
+    @property
+    def reserved_pages(self) -> int:
+        return sum(self.reservations.values())
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> WorkerRecord:
+        return cls(**json.loads(data))
+
+
+class _LostRace(Exception):
+    """The chosen worker no longer fits by the time its record is updated."""
+
+
+class Registry:
+    """Register / heartbeat / list workers; admit and release sessions."""
+
+    def __init__(self, store: Store, heartbeat_timeout_s: float, clock: Callable[[], float] = time.time) -> None:
+        if heartbeat_timeout_s <= 0:
+            raise ValueError(f"heartbeat_timeout_s must be > 0, got {heartbeat_timeout_s}")
+        self.store = store
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.clock = clock
+
+    @staticmethod
+    def _key(worker_id: str) -> str:
+        return WORKERS_PREFIX + worker_id
+
+    def alive(self, record: WorkerRecord) -> bool:
+        return self.clock() - record.last_seen_unix <= self.heartbeat_timeout_s
+
+    def load(self, record: WorkerRecord, ignore_session: str = "") -> WorkerLoad:
+        """Placement view of `record`; `ignore_session`'s own reservation does not count, so that
+        re-admitting a session (resize or move) does not compete with itself."""
+        reserved = sum(pages for sid, pages in record.reservations.items() if sid != ignore_session)
+        return WorkerLoad(
+            record.worker_id, record.model, record.total_pages, record.used_pages, reserved, self.alive(record)
+        )
+
+    async def workers(self) -> list[WorkerRecord]:
+        """Every registered worker, alive or not, sorted by id."""
+        keys = await self.store.list_prefix(WORKERS_PREFIX)
+        return [WorkerRecord.decode(data) for data in await self.store.get_many(keys) if data is not None]
+
+    async def register(self, worker_id: str, address: str, model: str, kv: KVReport) -> WorkerRecord:
+        """Add or replace a worker. A re-registering worker (e.g. restarted) keeps the
+        reservations of its sessions, so it must keep serving the same model and room for them."""
+        require_id("worker_id", worker_id)
+        if not address:
+            raise InvalidRequestError(f"address of worker {worker_id!r} is required (host:port of its Worker service)")
+        if not model:
+            raise InvalidRequestError(f"model of worker {worker_id!r} is required")
+        if kv.total_pages < 1:
+            raise InvalidRequestError(
+                f"worker {worker_id!r} must declare its KV pool capacity: kv.total_pages is {kv.total_pages}"
+            )
+        if kv.used_pages > kv.total_pages:
+            raise InvalidRequestError(
+                f"worker {worker_id!r} reports {kv.used_pages} used pages, more than its {kv.total_pages} total"
+            )
+
+        def fn(old: bytes | None) -> bytes:
+            reservations: dict[str, int] = {}
+            if old is not None:
+                previous = WorkerRecord.decode(old)
+                reservations = previous.reservations
+                if reservations and previous.model != model:
+                    raise PreconditionError(
+                        f"worker {worker_id!r} re-registers for model {model!r} but holds reservations for "
+                        f"model {previous.model!r} (sessions {sorted(reservations)}); release them first"
+                    )
+                if previous.reserved_pages > kv.total_pages:
+                    raise PreconditionError(
+                        f"worker {worker_id!r} re-registers with {kv.total_pages} pages but its sessions reserve "
+                        f"{previous.reserved_pages}; release them first"
+                    )
+            record = WorkerRecord(
+                worker_id=worker_id,
+                address=address,
+                model=model,
+                total_pages=kv.total_pages,
+                page_bytes=kv.page_bytes,
+                used_pages=kv.used_pages,
+                host_pages_used=kv.host_pages_used,
+                sessions=kv.sessions,
+                last_seen_unix=self.clock(),
+                reservations=reservations,
+            )
+            return record.encode()
+
+        return WorkerRecord.decode(await self._update(worker_id, fn))
+
+    async def heartbeat(self, worker_id: str, sequence: int, kv: KVReport, session_ids: Iterable[str]) -> WorkerRecord:
+        """Record a usage report. Sequences must increase strictly, so a delayed or duplicated
+        report can never overwrite a newer one."""
+        require_id("worker_id", worker_id)
+        session_ids = list(session_ids)
+
+        def fn(old: bytes | None) -> bytes:
+            if old is None:
+                raise NotFoundError(f"worker {worker_id!r} is not registered: call RegisterWorker first")
+            record = WorkerRecord.decode(old)
+            if kv.total_pages and kv.total_pages != record.total_pages:
+                raise InvalidRequestError(
+                    f"heartbeat of worker {worker_id!r} reports {kv.total_pages} total pages but it registered "
+                    f"{record.total_pages}; re-register to change the capacity"
+                )
+            if kv.used_pages > record.total_pages:
+                raise InvalidRequestError(
+                    f"heartbeat of worker {worker_id!r} reports {kv.used_pages} used pages, more than its declared "
+                    f"capacity of {record.total_pages}"
+                )
+            if sequence <= record.sequence:
+                raise PreconditionError(
+                    f"stale heartbeat from worker {worker_id!r}: sequence {sequence} is not newer than the last "
+                    f"seen {record.sequence} (sequences start at 1 after RegisterWorker and must increase)"
+                )
+            record.sequence = sequence
+            record.used_pages = kv.used_pages
+            record.host_pages_used = kv.host_pages_used
+            record.sessions = kv.sessions
+            record.session_ids = session_ids
+            record.last_seen_unix = self.clock()
+            return record.encode()
+
+        return WorkerRecord.decode(await self._update(worker_id, fn))
+
+    async def admit(self, session_id: str, model: str, pages: int, exclude: Iterable[str] = ()) -> WorkerRecord:
+        """Reserve `pages` for the session on the best worker and return it.
+
+        Idempotent: a session that already holds the same reservation on an eligible worker gets
+        that worker back. Otherwise (new session, new size, or its worker is now excluded or
+        dead) it is placed afresh and any older reservation is dropped afterwards, so for a
+        moment it is counted twice: over-reserving is safe, over-committing is not.
+        """
+        require_id("session_id", session_id)
+        if not model:
+            raise InvalidRequestError(f"model is required to admit session {session_id!r}")
+        if pages < 1:
+            raise InvalidRequestError(f"session {session_id!r} must ask for at least 1 page, got {pages}")
+        request = PlacementRequest(session_id, model, pages, frozenset(exclude))
+        for _ in range(MAX_ADMIT_ROUNDS):
+            records = await self.workers()
+            holders = [r for r in records if session_id in r.reservations]
+            for record in holders:
+                if record.reservations[session_id] == pages and eligible(self.load(record, session_id), request):
+                    return record
+            chosen = choose_worker((self.load(r, session_id) for r in records), request)
+            try:
+                placed = await self._reserve(chosen.worker_id, request)
+            except _LostRace:
+                continue
+            for record in holders:
+                if record.worker_id != placed.worker_id:
+                    await self._unreserve(record.worker_id, session_id)
+            return placed
+        raise StoreConflictError(
+            f"admission of session {session_id!r} lost to concurrent admissions {MAX_ADMIT_ROUNDS} times"
+        )
+
+    async def release(self, session_id: str) -> list[str]:
+        """Drop the session's reservation(s); returns the workers that held one."""
+        require_id("session_id", session_id)
+        holders = [r.worker_id for r in await self.workers() if session_id in r.reservations]
+        if not holders:
+            raise NotFoundError(f"session {session_id!r} holds no reservation (never admitted, or already released)")
+        for worker_id in holders:
+            await self._unreserve(worker_id, session_id)
+        return holders
+
+    async def holds_reservation(self, session_id: str) -> bool:
+        return any(session_id in r.reservations for r in await self.workers())
+
+    async def _update(self, worker_id: str, fn: Callable[[bytes | None], bytes]) -> bytes:
+        new = await self.store.update(self._key(worker_id), fn)
+        assert new is not None  # fn always returns a record
+        return new
+
+    async def _reserve(self, worker_id: str, request: PlacementRequest) -> WorkerRecord:
+        def fn(old: bytes | None) -> bytes:
+            if old is None:
+                raise _LostRace
+            record = WorkerRecord.decode(old)
+            if not fits(self.load(record, request.session_id), request):
+                raise _LostRace
+            record.reservations[request.session_id] = request.pages
+            return record.encode()
+
+        return WorkerRecord.decode(await self._update(worker_id, fn))
+
+    async def _unreserve(self, worker_id: str, session_id: str) -> None:
+        def fn(old: bytes | None) -> bytes | None:
+            if old is None:
+                return None
+            record = WorkerRecord.decode(old)
+            record.reservations.pop(session_id, None)
+            return record.encode()
+
+        await self.store.update(self._key(worker_id), fn)

@@ -1,0 +1,196 @@
+"""The grpc.aio servicer of `inferix.v1.KVCacheService`: proto <-> registry, errors -> statuses.
+
+The servicer holds no state of its own (everything is in the store), so several replicas on one
+Redis, or a restarted process, answer the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+
+from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
+from inferix.server import Registration
+from inferix.store import Store, StoreConflictError, StoreError, StoreUnavailableError
+from kvcache_svc import metrics
+from kvcache_svc.blocks import BlockStore, CommittedBlock
+from kvcache_svc.errors import (
+    AlreadyCommittedError,
+    InvalidRequestError,
+    KVCacheError,
+    NoCapacityError,
+    NotFoundError,
+    PreconditionError,
+)
+from kvcache_svc.registry import KVReport, Registry, WorkerRecord
+
+log = logging.getLogger("kvcache_svc")
+
+SERVICE_NAME = kvcache_pb2.DESCRIPTOR.services_by_name["KVCacheService"].full_name
+
+# Most specific first: the first matching class decides the status.
+_STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (NoCapacityError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (AlreadyCommittedError, grpc.StatusCode.ALREADY_EXISTS),
+    (StoreConflictError, grpc.StatusCode.ABORTED),
+    (StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (StoreError, grpc.StatusCode.INTERNAL),
+]
+
+S = TypeVar("S")
+Q = TypeVar("Q")
+R = TypeVar("R")
+
+
+def _with_statuses(handler: Callable[[S, Q, Any], Awaitable[R]]) -> Callable[[S, Q, Any], Awaitable[R]]:
+    """Turn our exceptions into gRPC statuses carrying their message; others stay UNKNOWN."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: S, request: Q, context: Any) -> R:
+        try:
+            return await handler(self, request, context)
+        except (KVCacheError, StoreError) as exc:
+            code = next(code for cls, code in _STATUS if isinstance(exc, cls))
+            await context.abort(code, str(exc))
+            raise  # context.abort always raises; this line only satisfies the type checker
+
+    return wrapper
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    heartbeat_timeout_s: float = 10.0
+    # Committed blocks of a released (finished) session are kept this long, then expire.
+    finished_ttl_s: float = 24 * 3600.0
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_timeout_s <= 0 or self.finished_ttl_s <= 0:
+            raise ValueError(f"timeouts must be > 0 seconds: {self}")
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """What workers are told: three reports per timeout, so one lost report is harmless."""
+        return self.heartbeat_timeout_s / 3
+
+
+def _report(kv: common_pb2.KVUsage) -> KVReport:
+    return KVReport(kv.total_pages, kv.used_pages, kv.page_bytes, kv.host_pages_used, kv.sessions)
+
+
+def _worker_info(record: WorkerRecord, alive: bool) -> kvcache_pb2.WorkerInfo:
+    return kvcache_pb2.WorkerInfo(
+        worker_id=record.worker_id,
+        address=record.address,
+        model=record.model,
+        kv=common_pb2.KVUsage(
+            total_pages=record.total_pages,
+            used_pages=record.used_pages,
+            page_bytes=record.page_bytes,
+            host_pages_used=record.host_pages_used,
+            sessions=record.sessions,
+        ),
+        reserved_pages=record.reserved_pages,
+        last_seen_unix=record.last_seen_unix,
+        alive=alive,
+    )
+
+
+class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
+    def __init__(self, store: Store, config: KVCacheConfig) -> None:
+        self.config = config
+        self.registry = Registry(store, config.heartbeat_timeout_s)
+        self.blocks = BlockStore(store)
+
+    @_with_statuses
+    async def RegisterWorker(
+        self, request: kvcache_pb2.RegisterWorkerRequest, context: Any
+    ) -> kvcache_pb2.RegisterWorkerResponse:
+        record = await self.registry.register(request.worker_id, request.address, request.model, _report(request.kv))
+        log.info(
+            "worker %s registered: %s, model %s, %d pages", record.worker_id, record.address, record.model,
+            record.total_pages,
+        )  # fmt: skip
+        return kvcache_pb2.RegisterWorkerResponse(heartbeat_interval_s=self.config.heartbeat_interval_s)
+
+    @_with_statuses
+    async def Heartbeat(self, request: kvcache_pb2.HeartbeatRequest, context: Any) -> kvcache_pb2.HeartbeatResponse:
+        await self.registry.heartbeat(request.worker_id, request.sequence, _report(request.kv), request.session_ids)
+        return kvcache_pb2.HeartbeatResponse()
+
+    @_with_statuses
+    async def ListWorkers(
+        self, request: kvcache_pb2.ListWorkersRequest, context: Any
+    ) -> kvcache_pb2.ListWorkersResponse:
+        records = await self.registry.workers()
+        return kvcache_pb2.ListWorkersResponse(workers=[_worker_info(r, self.registry.alive(r)) for r in records])
+
+    @_with_statuses
+    async def Admit(self, request: kvcache_pb2.AdmitRequest, context: Any) -> kvcache_pb2.AdmitResponse:
+        try:
+            record = await self.registry.admit(
+                request.session_id, request.model, request.pages, request.exclude_workers
+            )
+        except (KVCacheError, StoreError):
+            metrics.ADMISSIONS.labels(outcome="rejected").inc()
+            raise
+        metrics.ADMISSIONS.labels(outcome="accepted").inc()
+        log.info("session %s admitted on %s (%d pages)", request.session_id, record.worker_id, request.pages)
+        return kvcache_pb2.AdmitResponse(worker=_worker_info(record, self.registry.alive(record)))
+
+    @_with_statuses
+    async def Release(self, request: kvcache_pb2.ReleaseRequest, context: Any) -> kvcache_pb2.ReleaseResponse:
+        workers = await self.registry.release(request.session_id)
+        blocks = await self.blocks.expire(request.session_id, self.config.finished_ttl_s)
+        log.info(
+            "session %s released from %s; its %d committed blocks expire in %.0fs",
+            request.session_id, ", ".join(workers), blocks, self.config.finished_ttl_s,
+        )  # fmt: skip
+        return kvcache_pb2.ReleaseResponse()
+
+    @_with_statuses
+    async def CommitBlock(
+        self, request: kvcache_pb2.CommitBlockRequest, context: Any
+    ) -> kvcache_pb2.CommitBlockResponse:
+        if not request.HasField("block"):
+            raise InvalidRequestError(f"CommitBlock for session {request.session_id!r} carries no block")
+        await self.blocks.commit(request.session_id, CommittedBlock.from_proto(request.block))
+        return kvcache_pb2.CommitBlockResponse()
+
+    @_with_statuses
+    async def GetCommittedBlocks(
+        self, request: kvcache_pb2.GetCommittedBlocksRequest, context: Any
+    ) -> kvcache_pb2.GetCommittedBlocksResponse:
+        blocks = await self.blocks.get(request.session_id)
+        if blocks is None:
+            if not await self.registry.holds_reservation(request.session_id):
+                raise NotFoundError(
+                    f"session {request.session_id!r} has no committed blocks and no reservation "
+                    "(never admitted, or its blocks expired after release)"
+                )
+            blocks = []
+        return kvcache_pb2.GetCommittedBlocksResponse(blocks=[block.to_proto() for block in blocks])
+
+
+def add_to_server(server: grpc.aio.Server, store: Store, config: KVCacheConfig) -> Registration:
+    """Register the servicer and start the metrics refresher; `drain` stops the refresher."""
+    servicer = KVCacheServicer(store, config)
+    kvcache_pb2_grpc.add_KVCacheServiceServicer_to_server(servicer, server)
+    refresher = asyncio.get_running_loop().create_task(
+        metrics.refresh_forever(servicer.registry, min(1.0, config.heartbeat_interval_s))
+    )
+    log.info("store: %r; heartbeat timeout %.1fs", store, config.heartbeat_timeout_s)
+
+    async def drain() -> None:
+        refresher.cancel()
+        await asyncio.gather(refresher, return_exceptions=True)
+
+    return Registration([SERVICE_NAME], drain)

@@ -1,0 +1,1 @@
+"""The Scheduler service: sessions, admission, block dispatch, interactive control."""

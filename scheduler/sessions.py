@@ -1,0 +1,172 @@
+"""Session records and their event fan-out.
+
+A `SessionRecord` is the scheduler's view of one session: its validated spec, state, progress,
+pending interactive commands and the history of block events (so a client attaching late, or
+re-attaching after a disconnect, gets every event from the block it asks for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+
+from inferix.api.v1 import common_pb2, scheduler_pb2
+from scheduler.validation import ValidSpec
+
+TERMINAL = {
+    common_pb2.SESSION_STATE_COMPLETED,
+    common_pb2.SESSION_STATE_CANCELLED,
+    common_pb2.SESSION_STATE_FAILED,
+}
+STATE_NAMES: dict[int, str] = {
+    int(v): common_pb2.SessionState.Name(v).removeprefix("SESSION_STATE_").lower()
+    for v in common_pb2.SessionState.values()
+    if v != common_pb2.SESSION_STATE_UNSPECIFIED
+}
+
+
+class TokenBucket:
+    """At most `rate` events per second on average, `burst` at once."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = float(burst)
+        self.updated = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+@dataclass
+class PendingPrompt:
+    text: str
+    recache: bool
+
+
+@dataclass
+class SessionRecord:
+    session_id: str
+    owner: str
+    valid: ValidSpec
+    urls: common_pb2.PlaybackUrls
+    created_at: float = field(default_factory=time.time)
+    state: int = common_pb2.SESSION_STATE_QUEUED
+    worker_id: str = ""
+    worker_address: str = ""
+    next_block: int = 0
+    in_flight: int | None = None
+    current_prompt: str = ""
+    pending_prompt: PendingPrompt | None = None
+    stop_requested: bool = False
+    cancel_requested: bool = False
+    error: str = ""
+    events: list[scheduler_pb2.InteractResponse] = field(default_factory=list)
+    first_block_at: float | None = None
+    paused_since: float | None = None
+    paused_total_s: float = 0.0
+    prompt_bucket: TokenBucket = field(default_factory=lambda: TokenBucket(rate=4.0, burst=8))
+    _subscribers: list[asyncio.Queue[scheduler_pb2.InteractResponse | None]] = field(default_factory=list)
+    _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.current_prompt = self.valid.spec.prompts[0].text
+
+    @property
+    def spec(self) -> common_pb2.SessionSpec:
+        return self.valid.spec
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def boundary(self) -> int:
+        """The first block a command sent now can still affect."""
+        return self.next_block + (1 if self.in_flight is not None else 0)
+
+    def to_proto(self) -> common_pb2.Session:
+        return common_pb2.Session(
+            session_id=self.session_id,
+            spec=self.spec,
+            state=self.state,  # type: ignore[arg-type]
+            blocks_done=self.next_block,
+            worker_id=self.worker_id,
+            urls=self.urls,
+            error=self.error,
+            created_at_unix=self.created_at,
+            current_prompt=self.current_prompt,
+        )
+
+    def to_json(self) -> bytes:
+        """What the store keeps (the in-memory parts -- subscribers, buckets -- are not persisted)."""
+        return json.dumps(
+            {
+                "session_id": self.session_id,
+                "owner": self.owner,
+                "state": int(self.state),
+                "blocks_done": self.next_block,
+                "worker_id": self.worker_id,
+                "spec": self.spec.SerializeToString().hex(),
+                "error": self.error,
+                "created_at": self.created_at,
+            }
+        ).encode()
+
+    # ---- events -------------------------------------------------------------------------------
+    def subscribe(self, from_block: int) -> asyncio.Queue[scheduler_pb2.InteractResponse | None]:
+        queue: asyncio.Queue[scheduler_pb2.InteractResponse | None] = asyncio.Queue()
+        for event in self.events:
+            if event.WhichOneof("event") != "block" or event.block.block_index >= from_block:
+                queue.put_nowait(event)
+        if self.terminal:
+            queue.put_nowait(None)
+        else:
+            self._subscribers.append(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[scheduler_pb2.InteractResponse | None]) -> None:
+        if queue in self._subscribers:
+            self._subscribers.remove(queue)
+
+    def publish(self, event: scheduler_pb2.InteractResponse, keep: bool = True) -> None:
+        event.session_id = self.session_id
+        if keep:
+            self.events.append(event)
+        for queue in self._subscribers:
+            queue.put_nowait(event)
+
+    def set_state(self, state: int, reason: str = "") -> None:
+        if state == self.state:
+            return
+        self.state = state
+        self.publish(scheduler_pb2.InteractResponse(state=scheduler_pb2.StateChange(state=state, reason=reason)))  # type: ignore[arg-type]
+        if self.terminal:
+            for queue in self._subscribers:
+                queue.put_nowait(None)
+            self._subscribers.clear()
+        self.wake()
+
+    # ---- dispatch loop coordination -----------------------------------------------------------
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    async def wait(self, timeout: float | None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        self._wakeup.clear()
+
+    def playback_frame(self, fps: float) -> float:
+        """Pixel frames a real-time viewer has watched (the clock starts at the first block)."""
+        if self.first_block_at is None:
+            return 0.0
+        paused = self.paused_total_s + (time.monotonic() - self.paused_since if self.paused_since else 0.0)
+        return max(0.0, (time.monotonic() - self.first_block_at - paused) * fps)

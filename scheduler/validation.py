@@ -1,0 +1,82 @@
+"""Validation of client requests: every field checked, every error names the field and the range.
+
+Pure functions over protobuf messages, so they are fuzzed directly (tests/scheduler).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferix.api.v1 import common_pb2
+from inferix.errors import UserError
+from workers.engine.presets import ModelPreset
+from workers.engine.sizing import SessionShape, session_shape
+
+MAX_PROMPT_BYTES = 2048
+MAX_PROMPT_CHANGES = 64
+MAX_BLOCKS = 100_000
+MAX_LOOKAHEAD = 64
+
+
+class InvalidRequest(UserError):
+    """A request field is invalid (INVALID_ARGUMENT)."""
+
+
+def check_prompt_text(text: str, field: str) -> str:
+    if not text.strip():
+        raise InvalidRequest(f"{field}: the prompt is empty; describe what the video should show")
+    size = len(text.encode("utf-8"))
+    if size > MAX_PROMPT_BYTES:
+        raise InvalidRequest(f"{field}: the prompt is {size} bytes; the limit is {MAX_PROMPT_BYTES} bytes")
+    if "\x00" in text:
+        raise InvalidRequest(f"{field}: the prompt contains a NUL character")
+    return text
+
+
+@dataclass(frozen=True)
+class ValidSpec:
+    spec: common_pb2.SessionSpec
+    shape: SessionShape
+    num_blocks: int | None
+    lookahead: int
+
+
+def validate_spec(spec: common_pb2.SessionSpec, presets: dict[str, ModelPreset], default_lookahead: int) -> ValidSpec:
+    """Check a CreateSession spec against the models served; fill defaults (resolution, lookahead)."""
+    if not spec.model:
+        raise InvalidRequest(f"spec.model: required; served models: {sorted(presets) or 'none yet'}")
+    preset = presets.get(spec.model)
+    if preset is None:
+        raise InvalidRequest(f"spec.model: unknown model {spec.model[:64]!r}; served models: {sorted(presets)}")
+    filled = common_pb2.SessionSpec()
+    filled.CopyFrom(spec)
+    if not spec.HasField("resolution") or (spec.resolution.width == 0 and spec.resolution.height == 0):
+        filled.resolution.width, filled.resolution.height = preset.video.width, preset.video.height
+    if spec.num_blocks > MAX_BLOCKS:
+        raise InvalidRequest(f"spec.num_blocks: {spec.num_blocks} is above the limit {MAX_BLOCKS} (0 = unbounded)")
+    num_blocks = spec.num_blocks or None
+    try:
+        shape = session_shape(preset, filled.resolution.width, filled.resolution.height, num_blocks)
+    except UserError as exc:
+        field = "spec.num_blocks" if "blocks" in str(exc) and "resolution" not in str(exc) else "spec.resolution"
+        raise InvalidRequest(f"{field}: {exc}") from exc
+    if not spec.prompts:
+        raise InvalidRequest("spec.prompts: at least one prompt is required (at_block 0)")
+    if len(spec.prompts) > MAX_PROMPT_CHANGES:
+        raise InvalidRequest(f"spec.prompts: {len(spec.prompts)} entries; the limit is {MAX_PROMPT_CHANGES}")
+    previous = -1
+    for i, change in enumerate(spec.prompts):
+        field = f"spec.prompts[{i}]"
+        if i == 0 and change.at_block != 0:
+            raise InvalidRequest(f"{field}.at_block: the first prompt must apply at block 0, got {change.at_block}")
+        if change.at_block <= previous:
+            raise InvalidRequest(f"{field}.at_block: must be greater than {previous} (strictly increasing)")
+        if num_blocks is not None and change.at_block >= num_blocks:
+            raise InvalidRequest(f"{field}.at_block: {change.at_block} is not below spec.num_blocks={num_blocks}")
+        check_prompt_text(change.text, f"{field}.text")
+        previous = change.at_block
+    if spec.lookahead > MAX_LOOKAHEAD:
+        raise InvalidRequest(f"spec.lookahead: {spec.lookahead} is above the limit {MAX_LOOKAHEAD} (0 = default)")
+    if spec.outputs.rtmp or spec.outputs.webrtc:
+        raise InvalidRequest("spec.outputs: rtmp and webrtc are not enabled on this server; mp4 is")
+    return ValidSpec(filled, shape, num_blocks, spec.lookahead or default_lookahead)

@@ -1,0 +1,33 @@
+"""Errors the streamer raises on purpose; the gRPC layer maps each class to one status code."""
+
+from __future__ import annotations
+
+from inferix.errors import InferixError
+
+
+class StreamerError(InferixError):
+    """Base class: the message says what was wrong and what to do about it."""
+
+
+class FrameRejected(StreamerError):
+    """A pushed frame is malformed or out of order; the session keeps every frame received so far."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field  # the VideoFrame field at fault; also the `reason` label of the rejected-frames metric
+
+
+class SessionNotFound(StreamerError):
+    """No frame was ever accepted for this session id."""
+
+
+class SessionFinished(StreamerError):
+    """A new frame arrived after FinishStream; re-sent (duplicate) frames are still accepted."""
+
+
+class RecordingNotReady(StreamerError):
+    """The MP4 is only complete once FinishStream returned."""
+
+
+class EncoderFailed(StreamerError):
+    """The session's encoder or recorder broke; the session cannot continue."""

@@ -1,0 +1,54 @@
+"""The data that crosses from the encoder to the outputs: a stream's format and its packets.
+
+These two dataclasses are the whole contract between `EncodedStream` and a `PacketSink`: they are
+plain values (no PyAV objects), so a sink can keep them, pass them to another thread or turn them
+into whatever its protocol needs (an MP4 sample, an FLV tag, RTP payloads) without caring about
+the encoder's buffer lifetimes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+# 1001 covers the NTSC rates (30000/1001); model rates (16, 24) are integers anyway.
+_MAX_RATE_DENOMINATOR = 1001
+
+
+@dataclass(frozen=True)
+class StreamFormat:
+    """What every frame of a session looks like; fixed by the session's first frame."""
+
+    width: int
+    height: int
+    fps: float
+
+    @property
+    def rate(self) -> Fraction:
+        """The frame rate as the exact fraction containers and codecs want."""
+        return Fraction(self.fps).limit_denominator(_MAX_RATE_DENOMINATOR)
+
+    @property
+    def time_base(self) -> Fraction:
+        """One tick per frame, so a frame's pts is its absolute frame index."""
+        return 1 / self.rate
+
+    @property
+    def frame_bytes(self) -> int:
+        """Size of one RGB24 frame."""
+        return self.width * self.height * 3
+
+
+@dataclass(frozen=True)
+class EncodedPacket:
+    """One H.264 access unit in Annex B form (start codes; SPS/PPS repeated on every keyframe).
+
+    Timestamps are in `StreamFormat.time_base` ticks, i.e. frame indices. The encoder emits no
+    B-frames (low-latency tuning), so `dts == pts` and packets arrive in presentation order.
+    """
+
+    data: bytes
+    pts: int
+    dts: int
+    duration: int
+    keyframe: bool

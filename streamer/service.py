@@ -1,0 +1,177 @@
+"""The gRPC face of the streamer: `inferix.v1.StreamerService` on top of `StreamSession`s.
+
+Handlers only translate: protobuf in, a session call, protobuf or a status code out. Every
+refusal is a `StreamerError` subclass and maps to exactly one status code here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+import grpc
+
+from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
+from inferix.server import Registration
+from streamer.encoder import LIBX264
+from streamer.errors import (
+    EncoderFailed,
+    FrameRejected,
+    RecordingNotReady,
+    SessionFinished,
+    SessionNotFound,
+    StreamerError,
+)
+from streamer.ingest import Admission, IngestState, first_frame_format
+from streamer.metrics import FRAMES_DUPLICATE, FRAMES_RECEIVED, FRAMES_REJECTED, SESSIONS_ACTIVE
+from streamer.session import StreamSession
+
+log = logging.getLogger("inferix.streamer")
+
+SERVICE_NAME = streamer_pb2.DESCRIPTOR.services_by_name["StreamerService"].full_name
+
+_STATUS: dict[type[StreamerError], grpc.StatusCode] = {
+    FrameRejected: grpc.StatusCode.INVALID_ARGUMENT,
+    SessionNotFound: grpc.StatusCode.NOT_FOUND,
+    SessionFinished: grpc.StatusCode.FAILED_PRECONDITION,
+    RecordingNotReady: grpc.StatusCode.FAILED_PRECONDITION,
+    EncoderFailed: grpc.StatusCode.INTERNAL,
+}
+
+
+@dataclass(frozen=True)
+class StreamerConfig:
+    """Settings of one streamer process."""
+
+    data_dir: Path  # recordings are written here as <session id>.mp4
+    codec: str = LIBX264  # a resolved encoder name (see encoder.resolve_encoder)
+    queue_frames: int = 48  # frames buffered per session between ingest and encoder (4 Wan blocks)
+    chunk_bytes: int = 256 * 1024  # GetRecording chunk size; well below gRPC's default 4 MiB receive limit
+
+
+def _reason(error: StreamerError) -> str:
+    """The `reason` label of a refused frame: the field at fault, or the session state that refused it."""
+    if isinstance(error, FrameRejected):
+        return error.field
+    return "finished" if isinstance(error, SessionFinished) else "encoder_failed"
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: StreamerError, suffix: str = "") -> NoReturn:
+    await context.abort(_STATUS[type(error)], f"{error}{suffix}")
+    raise AssertionError("context.abort returns only by raising")
+
+
+class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
+    """Frame ingest, encode and recordings for many concurrent sessions (state is in memory)."""
+
+    def __init__(self, config: StreamerConfig) -> None:
+        self.config = config
+        self._sessions: dict[str, StreamSession] = {}
+        SESSIONS_ACTIVE.set_function(self._active_sessions)
+
+    def _active_sessions(self) -> int:
+        """Sessions not yet finished; read by the metrics thread at scrape time (list() copies atomically)."""
+        return sum(not session.ingest.finished for session in list(self._sessions.values()))
+
+    def _session(self, session_id: str) -> StreamSession:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(f"no session {session_id!r}: no frame was pushed for it")
+        return session
+
+    def _session_for(self, frame: streamer_pb2.VideoFrame) -> StreamSession:
+        """The frame's session; its first frame opens it (no await here: two pushes cannot both open it)."""
+        session = self._sessions.get(frame.session_id)
+        if session is None:
+            ingest = IngestState(frame.session_id, first_frame_format(frame))
+            session = StreamSession.open(ingest, self.config.data_dir, self.config.codec, self.config.queue_frames)
+            self._sessions[frame.session_id] = session
+            log.info("session %s opened: %dx%d at %g fps", frame.session_id, frame.width, frame.height, frame.fps)
+        return session
+
+    async def PushFrames(
+        self, request_iterator: AsyncIterator[streamer_pb2.PushFramesRequest], context: grpc.aio.ServicerContext
+    ) -> streamer_pb2.PushFramesResponse:
+        accepted = duplicates = 0
+        async for request in request_iterator:
+            frame = request.frame
+            try:
+                admission = await self._session_for(frame).push(frame)
+            except StreamerError as error:
+                FRAMES_REJECTED.labels(_reason(error)).inc()
+                suffix = f" [this call accepted {accepted} and skipped {duplicates} frames before it; they are kept]"
+                await _abort(context, error, suffix)
+            if admission is Admission.NEW:
+                accepted += 1
+                FRAMES_RECEIVED.inc()
+            else:
+                duplicates += 1
+                FRAMES_DUPLICATE.inc()
+        return streamer_pb2.PushFramesResponse(accepted=accepted, duplicates=duplicates)
+
+    async def _finish(self, session: StreamSession) -> int:
+        was_finalized = session.finalized
+        frames = await session.finish()
+        if not was_finalized:
+            log.info("session %s finished: %d frames -> %s", session.session_id, frames, session.recorder.path)
+        return frames
+
+    async def FinishStream(
+        self, request: streamer_pb2.FinishStreamRequest, context: grpc.aio.ServicerContext
+    ) -> streamer_pb2.FinishStreamResponse:
+        try:
+            frames = await self._finish(self._session(request.session_id))
+        except StreamerError as error:
+            await _abort(context, error)
+        return streamer_pb2.FinishStreamResponse(frames=frames)
+
+    async def GetStreamInfo(
+        self, request: streamer_pb2.GetStreamInfoRequest, context: grpc.aio.ServicerContext
+    ) -> streamer_pb2.GetStreamInfoResponse:
+        try:
+            session = self._session(request.session_id)
+        except StreamerError as error:
+            await _abort(context, error)
+        fmt = session.ingest.format
+        return streamer_pb2.GetStreamInfoResponse(
+            session_id=session.session_id,
+            frames=session.ingest.next_index,
+            width=fmt.width,
+            height=fmt.height,
+            fps=fmt.fps,
+            finished=session.finalized,
+            frames_sha256=session.frames_digest.hexdigest(),
+        )
+
+    async def GetRecording(
+        self, request: streamer_pb2.GetRecordingRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[streamer_pb2.GetRecordingResponse]:
+        try:
+            path = self._session(request.session_id).recording()
+        except StreamerError as error:
+            await _abort(context, error)
+        with path.open("rb") as file:
+            while chunk := await asyncio.to_thread(file.read, self.config.chunk_bytes):
+                yield streamer_pb2.GetRecordingResponse(chunk=chunk)
+
+    async def drain(self) -> None:
+        """On shutdown, finalize every open session so the frames received so far are a playable MP4."""
+        open_sessions = [session for session in self._sessions.values() if not session.finalized]
+        if open_sessions:
+            log.info("finalizing %d open session(s) before exit", len(open_sessions))
+        results = await asyncio.gather(*(self._finish(s) for s in open_sessions), return_exceptions=True)
+        for session, result in zip(open_sessions, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("session %s could not be finalized: %s", session.session_id, result)
+
+
+def register(server: grpc.aio.Server, config: StreamerConfig) -> Registration:
+    """Add the streamer to `server` (the `register` callback of `inferix.server.run_server`)."""
+    log.info("encoding with %s; recordings go to %s", config.codec, config.data_dir)
+    service = StreamerService(config)
+    streamer_pb2_grpc.add_StreamerServiceServicer_to_server(service, server)
+    return Registration([SERVICE_NAME], drain=service.drain)

@@ -1,0 +1,81 @@
+"""`StreamSession`: one session's ingest state, encoded stream and recording, with push and finish.
+
+A per-session lock keeps the order frames are checked, queued and counted identical even when
+several pushes for the same session overlap (e.g. a recovering worker re-sending while the old
+stream is still draining), and makes finish wait for a push that is halfway through queueing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opentelemetry import context as otel_context
+
+from inferix.api.v1 import streamer_pb2
+from streamer.errors import EncoderFailed, RecordingNotReady
+from streamer.ingest import Admission, IngestState
+from streamer.sinks import Mp4Recorder
+from streamer.stream import EncodedStream, RawFrame
+
+
+@dataclass
+class StreamSession:
+    """Everything the streamer holds for one session id."""
+
+    ingest: IngestState
+    stream: EncodedStream
+    recorder: Mp4Recorder
+    finalized: bool = False  # FinishStream completed: the MP4 is written
+    # Digest of the accepted raw frames in order: checks delivery bit for bit despite the lossy encode.
+    frames_digest: hashlib._Hash = field(default_factory=hashlib.sha256)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @classmethod
+    def open(cls, ingest: IngestState, data_dir: Path, codec: str, queue_frames: int) -> StreamSession:
+        """Start the session's encoder with the MP4 recorder as its first output."""
+        stream = EncodedStream(ingest.session_id, ingest.format, codec=codec, queue_frames=queue_frames)
+        recorder = Mp4Recorder(data_dir / f"{ingest.session_id}.mp4", ingest.format)
+        stream.attach(recorder)
+        return cls(ingest, stream, recorder)
+
+    @property
+    def session_id(self) -> str:
+        return self.ingest.session_id
+
+    async def push(self, frame: streamer_pb2.VideoFrame) -> Admission:
+        """Queue the next frame for encoding, or skip a re-sent one; raises on a bad or late frame."""
+        async with self._lock:
+            admission = self.ingest.check(frame)
+            if admission is Admission.NEW:
+                await self.stream.put(
+                    RawFrame(frame.frame_index, frame.block_index, frame.data, otel_context.get_current())
+                )
+                self.ingest.commit()
+                self.frames_digest.update(frame.data)
+            return admission
+
+    async def finish(self) -> int:
+        """End the video: encode what is queued, flush, finalize the MP4. Returns the frame count."""
+        async with self._lock:
+            self.ingest.finished = True  # from here on only re-sent frames are accepted
+            await self.stream.close()
+            self.finalized = True
+            return self.ingest.next_index
+
+    def recording(self) -> Path:
+        """The finished MP4; raises if the session is still open or its recording failed."""
+        if self.stream.error is not None:
+            raise EncoderFailed(f"session {self.session_id!r}: {self.stream.error}")
+        if self.recorder.name in self.stream.sink_errors:
+            raise EncoderFailed(
+                f"session {self.session_id!r}: recording failed: {self.stream.sink_errors[self.recorder.name]}"
+            )
+        if not self.finalized:
+            raise RecordingNotReady(
+                f"session {self.session_id!r} is not finished ({self.ingest.next_index} frames so far); "
+                "call FinishStream first"
+            )
+        return self.recorder.path

@@ -1,0 +1,195 @@
+"""End to end over real gRPC and real processes: sessions, interaction, outputs, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from inferix.client import BlockDone, Client, CommandAccepted, PromptChange, SessionError, StateChanged
+from inferix.serve import Mesh
+from tests.mesh.conftest import KEY_B, generate_digest, stream_info
+
+
+def blocks_of(events: list[object]) -> list[BlockDone]:
+    return [e for e in events if isinstance(e, BlockDone)]
+
+
+def states_of(events: list[object]) -> list[str]:
+    return [e.state for e in events if isinstance(e, StateChanged)]
+
+
+def test_session_blocks_arrive_in_order_and_frames_equal_generate(client: Client, mesh: Mesh, tmp_path: Path) -> None:
+    schedule = (PromptChange(0, "a red ball bouncing"), PromptChange(2, "a green ball bouncing"))
+    info = client.create_session(list(schedule), num_blocks=4, seed=5)
+    assert info.state in ("queued", "running") and info.num_blocks == 4 and (info.width, info.height) == (128, 128)
+    events = list(client.events(info.session_id))
+    blocks = blocks_of(events)
+    assert [b.block_index for b in blocks] == [0, 1, 2, 3]
+    assert [b.prompt for b in blocks] == ["a red ball bouncing"] * 2 + ["a green ball bouncing"] * 2
+    assert [b.first_frame for b in blocks] == [0, 9, 21, 33] and sum(b.num_frames for b in blocks) == 45
+    assert states_of(events)[-1] == "completed"
+    final = client.get_session(info.session_id)
+    assert final.state == "completed" and final.blocks_done == 4
+
+    streamed = stream_info(mesh, info.session_id)
+    assert streamed.finished and streamed.frames == 45
+    assert streamed.frames_sha256 == generate_digest(schedule, 4, 5)  # bit-exact with the CLI
+
+    mp4 = client.download_recording(final, tmp_path / "session.mp4")
+    probe = subprocess.run(
+        [
+            shutil.which("ffprobe") or "ffprobe",
+            "-v",
+            "error",
+            "-count_frames",
+            "-select_streams",
+            "v:0",
+            "-show_entries",
+            "stream=codec_name,width,height,nb_read_frames",
+            "-of",
+            "json",
+            str(mp4),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stream = json.loads(probe.stdout)["streams"][0]
+    assert (stream["codec_name"], stream["width"], stream["height"], stream["nb_read_frames"]) == (
+        "h264",
+        128,
+        128,
+        "45",
+    )
+
+
+def test_prompt_change_pause_resume_and_stop_apply_at_block_boundaries(client: Client) -> None:
+    info = client.create_session("a red ball", num_blocks=40, seed=1, lookahead=1)
+    events: list[object] = []
+    with client.interact(info.session_id) as session:
+        stream = session.events()
+        for event in stream:
+            events.append(event)
+            if isinstance(event, BlockDone) and event.block_index == 0:
+                session.set_prompt("a blue square")
+            if isinstance(event, CommandAccepted) and event.command == "set_prompt":
+                switch_at = event.applies_at_block
+                break
+        for event in stream:
+            events.append(event)
+            if isinstance(event, BlockDone) and event.block_index == switch_at:
+                session.pause()
+            if isinstance(event, StateChanged) and event.state == "paused":
+                break
+        paused_at = client.get_session(info.session_id).blocks_done
+        time.sleep(2.0)
+        # at most the block in flight when the pause arrived completes
+        assert client.get_session(info.session_id).blocks_done <= paused_at + 1
+        session.resume()
+        for event in stream:
+            events.append(event)
+            if isinstance(event, BlockDone) and event.block_index >= paused_at + 2:
+                session.stop()
+                break
+        events.extend(stream)  # until the session ends and the server closes the stream
+    blocks = blocks_of(events)
+    assert [b.block_index for b in blocks] == list(range(len(blocks)))  # in order, none missing
+    assert all(b.prompt == "a red ball" for b in blocks[:switch_at])
+    assert all(b.prompt == "a blue square" for b in blocks[switch_at:])
+    assert switch_at <= 2  # the next boundary after block 0 finished (one block may be in flight)
+    assert states_of(events) == ["running", "paused", "running", "completed"][-len(states_of(events)) :]
+    final = client.get_session(info.session_id)
+    assert final.state == "completed" and final.blocks_done == len(blocks) < 40
+
+
+def test_cancel_keeps_what_was_generated(client: Client, mesh: Mesh) -> None:
+    info = client.create_session("a red ball", num_blocks=40)
+    for event in client.events(info.session_id):
+        if isinstance(event, BlockDone):
+            break
+    cancelled = client.cancel_session(info.session_id)
+    assert cancelled.state == "cancelled"
+    streamed = stream_info(mesh, info.session_id)
+    assert streamed.finished and streamed.frames == 9 + 12 * (cancelled.blocks_done - 1)
+
+
+def test_prompt_changes_are_rate_limited(client: Client) -> None:
+    info = client.create_session("a red ball", num_blocks=40)
+    with client.interact(info.session_id, from_block=1 << 30) as session:
+        for i in range(30):
+            session.set_prompt(f"prompt {i}")
+        session.stop()
+        replies = [e for e in session.events() if isinstance(e, CommandAccepted | SessionError)]
+    limited = [
+        e for e in replies if isinstance(e, SessionError) and e.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    ]
+    accepted = [e for e in replies if isinstance(e, CommandAccepted) and e.command == "set_prompt"]
+    assert limited and "too many prompt changes" in limited[0].message
+    assert 1 <= len(accepted) <= 12
+
+
+def test_api_keys_guard_every_call_and_sessions_are_private(mesh: Mesh, client: Client) -> None:
+    own = client.create_session("a red ball", num_blocks=1)
+    with Client(mesh.address, timeout=30) as anonymous:
+        with pytest.raises(grpc.RpcError) as caught:
+            anonymous.list_sessions()
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with Client(mesh.address, api_key="not-a-key-0123456789", timeout=30) as wrong:
+        with pytest.raises(grpc.RpcError) as caught:
+            wrong.get_session(own.session_id)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with Client(mesh.address, api_key=KEY_B, timeout=30) as bob:
+        with pytest.raises(grpc.RpcError) as caught:
+            bob.get_session(own.session_id)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as caught:
+            bob.cancel_session(own.session_id)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert own.session_id not in {s.session_id for s in bob.list_sessions()}
+    assert own.session_id in {s.session_id for s in client.list_sessions()}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "code", "field"),
+    [
+        ({"model": "no-such-model"}, grpc.StatusCode.INVALID_ARGUMENT, "spec.model"),
+        ({"width": 100, "height": 128}, grpc.StatusCode.INVALID_ARGUMENT, "spec.resolution"),
+        ({"num_blocks": 10**6}, grpc.StatusCode.INVALID_ARGUMENT, "spec.num_blocks"),
+        ({"num_blocks": 0}, grpc.StatusCode.INVALID_ARGUMENT, "spec.num_blocks"),
+        ({"prompt": "x" * 3000}, grpc.StatusCode.INVALID_ARGUMENT, "spec.prompts[0].text"),
+        ({"prompt": "  "}, grpc.StatusCode.INVALID_ARGUMENT, "spec.prompts[0].text"),
+        ({"prompt": [PromptChange(1, "late start")]}, grpc.StatusCode.INVALID_ARGUMENT, "spec.prompts[0].at_block"),
+        ({"prompt": [PromptChange(0, "a"), PromptChange(0, "b")]}, grpc.StatusCode.INVALID_ARGUMENT, "at_block"),
+        ({"lookahead": 1000}, grpc.StatusCode.INVALID_ARGUMENT, "spec.lookahead"),
+    ],
+)
+def test_invalid_requests_name_the_field(client: Client, kwargs: dict, code: grpc.StatusCode, field: str) -> None:
+    args = {"prompt": "a red ball", "num_blocks": 2, **kwargs}
+    with pytest.raises(grpc.RpcError) as caught:
+        client.create_session(args.pop("prompt"), **args)
+    assert caught.value.code() == code
+    assert field in caught.value.details()
+
+
+def test_unknown_session_and_bad_first_command(client: Client) -> None:
+    for call in (client.get_session, client.cancel_session):
+        with pytest.raises(grpc.RpcError) as caught:
+            call("0" * 32)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND and "session_id" in caught.value.details()
+    with pytest.raises(grpc.RpcError) as caught:
+        list(client.events("0" * 32))
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_every_service_answers_health_checks(mesh: Mesh) -> None:
+    for process in mesh.processes():
+        with grpc.insecure_channel(process.address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, process.name

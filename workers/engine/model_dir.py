@@ -1,0 +1,242 @@
+"""Model folders (``--model PATH``) and `load_model`: from a folder, or nothing, to runnable models.
+
+Layout of a model folder (paths relative to it; every name can be changed in ``model.yaml``)::
+
+    PATH/model.yaml                          optional: ``preset: <name>`` + overrides of its sections
+    PATH/self_forcing_dmd.pt                 the DiT checkpoint (Self Forcing; or checkpoints/...),
+    PATH/model.pt                            or CausVid's (or autoregressive_checkpoint/model.pt),
+                                             or any file / Wan folder named by files.dit in model.yaml
+    PATH/Wan2.1_VAE.pth                      Wan2.1 VAE
+    PATH/models_t5_umt5-xxl-enc-bf16.pth     umt5-xxl text encoder
+    PATH/google/umt5-xxl/                    its tokenizer (tokenizer.json or spiece.model)
+
+Without ``model.yaml`` the preset is detected from the DiT checkpoint's file name; a Wan model
+folder (``config.json`` + ``diffusion_pytorch_model.safetensors``) is never auto-detected as the
+DiT, because the Wan2.1 release folder itself is one (the bidirectional base model, not a causal
+few-step model): name it in ``files.dit`` explicitly.
+
+Without a folder, `load_model` builds the ``tiny`` preset: deterministic random weights and a
+byte-level tokenizer, made in-process, so generation works on a machine with no downloads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from inferix.errors import UserError
+from workers.engine.checkpoint import load_dit, load_into, load_vae, parse_dtype, seeded_state_dict
+from workers.engine.models.wan.dit import CausalWanDiT
+from workers.engine.models.wan.text_encoder import PromptEncoder, UMT5Encoder
+from workers.engine.models.wan.tokenizer import EOS_TOKEN, PAD_TOKEN, TOKENIZER_JSON, PromptTokenizer
+from workers.engine.models.wan.vae import WanVAE
+from workers.engine.pipeline import PipelineConfig
+from workers.engine.presets import DEFAULT_PRESET, ModelFiles, ModelPreset, available_presets, load_preset, read_yaml
+
+__all__ = ["MODEL_YAML", "LoadedModel", "ModelDirectory", "byte_level_tokenizer", "load_model", "resolve_model_dir"]
+
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
+
+MODEL_YAML = "model.yaml"
+UNK_TOKEN = "<unk>"
+# Ids of the byte-level tokenizer: T5's special ids first (pad 0, eos 1, unk 2), then one per byte.
+BYTE_TOKENIZER_SPECIALS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
+
+
+@dataclass(frozen=True)
+class ModelDirectory:
+    """A model folder resolved against its preset: every file checked to exist."""
+
+    root: Path
+    preset: ModelPreset
+    files: ModelFiles  # the preset's files section
+    dit: Path
+    vae: Path
+    text_encoder: Path
+    tokenizer: Path
+
+
+@dataclass
+class LoadedModel:
+    """Everything a generation needs, loaded in one dtype on one device."""
+
+    preset: ModelPreset
+    dit: CausalWanDiT
+    vae: WanVAE
+    prompt_encoder: PromptEncoder
+    source: Path | None  # the model folder; None for built-in random weights
+
+    @property
+    def name(self) -> str:
+        return self.preset.name
+
+    @property
+    def pipeline_config(self) -> PipelineConfig:
+        return self.preset.pipeline
+
+    @property
+    def fps(self) -> int:
+        return self.preset.fps
+
+    @property
+    def height(self) -> int:
+        return self.preset.video.height
+
+    @property
+    def width(self) -> int:
+        return self.preset.video.width
+
+
+def _file_presets() -> list[ModelPreset]:
+    return [p for p in map(load_preset, available_presets()) if p.files is not None]
+
+
+def _detect_preset(root: Path) -> ModelPreset:
+    """The preset whose DiT checkpoint file name is in ``root`` (exactly one must match)."""
+    candidates = _file_presets()
+    found = [p for p in candidates if p.files is not None and any((root / f).is_file() for f in p.files.dit)]
+    if len(found) == 1:
+        return found[0]
+    expected = "; ".join(f"{p.name}: {' or '.join(p.files.dit)}" for p in candidates if p.files is not None)
+    if not found:
+        raise UserError(
+            f"model folder {root} has no {MODEL_YAML} and no known DiT checkpoint (looked for {expected}); "
+            f"add the checkpoint, or write {root / MODEL_YAML} with 'preset: <name>' and 'files: {{dit: ...}}'"
+        )
+    raise UserError(
+        f"model folder {root} holds DiT checkpoints of several presets ({', '.join(p.name for p in found)}); "
+        f"write {root / MODEL_YAML} with 'preset: <name>' to choose"
+    )
+
+
+def _read_model_yaml(path: Path) -> ModelPreset:
+    data = read_yaml(path, "model config")
+    preset = data.pop("preset", None)
+    if not isinstance(preset, str):
+        raise UserError(
+            f"{path} must name a preset, e.g. 'preset: self-forcing-dmd' (available: {', '.join(available_presets())})"
+        )
+    return load_preset(preset, data, str(path))
+
+
+def _required(root: Path, relative: str, what: str, how: str) -> Path:
+    path = root / relative
+    if not path.exists():
+        raise UserError(f"model folder {root}: missing {what} {path}; {how}")
+    return path
+
+
+def resolve_model_dir(path: str | Path) -> ModelDirectory:
+    """Find the preset of a model folder (``model.yaml`` or detection) and check that its files exist.
+
+    Each error names the expected path and how to get the file.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise UserError(
+            f"model folder {root} does not exist or is not a directory; see the model folder layout in the "
+            "README, or omit --model to run the built-in tiny test model"
+        )
+    yaml_path = root / MODEL_YAML
+    preset = _read_model_yaml(yaml_path) if yaml_path.is_file() else _detect_preset(root)
+    files = preset.files
+    if files is None:
+        raise UserError(
+            f"{yaml_path}: preset {preset.name!r} has built-in random weights and reads no files; "
+            "omit --model to run it"
+        )
+    base_how = _how(files.base_source, root, "the Wan2.1-T2V-1.3B release files")
+    dit = next((root / f for f in files.dit if (root / f).exists()), None)
+    if dit is None:
+        raise UserError(
+            f"model folder {root}: missing the DiT checkpoint {' or '.join(str(root / f) for f in files.dit)}; "
+            f"{_how(files.dit_source, root, 'the checkpoint of ' + preset.name)}"
+        )
+    return ModelDirectory(
+        root=root,
+        preset=preset,
+        files=files,
+        dit=dit,
+        vae=_required(root, files.vae, "the VAE weights", base_how),
+        text_encoder=_required(root, files.text_encoder, "the text encoder weights", base_how),
+        tokenizer=_required(root, files.tokenizer, "the tokenizer folder", base_how),
+    )
+
+
+def _how(source: str, root: Path, what: str) -> str:
+    get = f"get it with: {source.replace('{folder}', str(root))}" if source else f"copy {what} there"
+    return f"{get} (or set its path under 'files:' in {root / MODEL_YAML})"
+
+
+def byte_level_tokenizer(text_len: int) -> PromptTokenizer:
+    """A tokenizer with one token per UTF-8 byte (plus pad / EOS / unk), for the built-in tiny model.
+
+    Deterministic and built from code, so the tiny model needs no download: a byte-level BPE without
+    merges in the HF ``tokenizers`` format, written to a temporary folder only long enough for
+    `PromptTokenizer` (which reads ``tokenizer.json`` the same way as umt5's) to load it.
+    """
+    vocab = {token: i for i, token in enumerate(BYTE_TOKENIZER_SPECIALS)}
+    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[char] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    with tempfile.TemporaryDirectory(prefix="inferix-byte-tokenizer-") as folder:
+        tokenizer.save(str(Path(folder) / TOKENIZER_JSON))
+        return PromptTokenizer(folder, text_len=text_len)
+
+
+def _load_random(preset: ModelPreset, dtype: torch.dtype, device: torch.device | str, backend: str) -> LoadedModel:
+    seed = preset.random_weights_seed
+    if seed is None:
+        raise UserError(f"preset {preset.name!r} reads its weights from a model folder; pass its path")
+    source = f"built-in random weights of preset {preset.name!r} (seed {seed})"
+
+    def build(factory: Callable[[], ModuleT]) -> ModuleT:
+        return load_into(factory, seeded_state_dict(factory, seed), source, dtype=dtype, device=device)
+
+    dit = build(lambda: CausalWanDiT(preset.dit, attention_backend=backend))
+    vae = build(lambda: WanVAE(preset.vae))
+    encoder = build(lambda: UMT5Encoder(preset.text_encoder))
+    tokenizer = byte_level_tokenizer(preset.text_encoder.text_len)
+    return LoadedModel(preset, dit, vae, PromptEncoder(tokenizer, encoder), source=None)
+
+
+def load_model(
+    path: str | Path | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str = "cpu",
+    attention_backend: str = "auto",
+) -> LoadedModel:
+    """Load the model of a model folder, or the built-in ``tiny`` model when ``path`` is None.
+
+    All three networks get ``dtype`` (fp32 / bf16 / fp16) and ``device``.
+    """
+    weight_dtype = parse_dtype(dtype)
+    if path is None:
+        return _load_random(load_preset(DEFAULT_PRESET), weight_dtype, device, attention_backend)
+    folder = resolve_model_dir(path)
+    preset = folder.preset
+    dit = load_dit(
+        folder.dit,
+        preset.dit,
+        dtype=weight_dtype,
+        device=device,
+        weights=folder.files.dit_weights,
+        attention_backend=attention_backend,
+    )
+    if dit.config != preset.dit:  # a Wan model folder's config.json defines the DiT
+        try:
+            preset = dataclasses.replace(preset, dit=dit.config)
+        except ValueError as exc:
+            raise UserError(f"{folder.dit / 'config.json'} does not fit preset {preset.name!r}: {exc}") from exc
+    vae = load_vae(folder.vae, preset.vae, dtype=weight_dtype, device=device)
+    encoder = UMT5Encoder.from_checkpoint(folder.text_encoder, preset.text_encoder, device=device, dtype=weight_dtype)
+    tokenizer = PromptTokenizer(folder.tokenizer, text_len=preset.text_encoder.text_len)
+    return LoadedModel(preset, dit, vae, PromptEncoder(tokenizer, encoder), source=folder.root)
