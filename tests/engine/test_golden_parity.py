@@ -19,7 +19,16 @@ def test_verify_golden_passes(case: str, capsys: pytest.CaptureFixture[str]) -> 
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     names = {r["tensor"] for r in records}
     # Every family of tensors is compared: single forward, every step of every block, cache.
-    assert {"dit_forward.flow0", "dit_forward.flow1", "pipeline.latents"} <= names
+    assert {
+        "dit_forward.flow0",
+        "dit_forward.flow1",
+        "pipeline.latents",
+        "text_encoder.embeds",
+        "vae.streaming.first_block",
+        "vae.streaming_vs_oneshot",
+        "chain.video.first_block",
+        "chain.video.frame_channel_mean",
+    } <= names
     config = json.loads((GOLDEN_DIR / case / "config.json").read_text())
     blocks = config["pipeline"]["num_blocks"]
     steps = len(config["pipeline"]["denoising_step_list_used"])

@@ -19,10 +19,13 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from inferix.errors import UserError
+from workers.engine.checkpoint import load_vae
 from workers.engine.config import BlockConfig, FlowMatchConfig, SamplingConfig, WanDiTConfig
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.kv.pool import KVPool
 from workers.engine.models.wan.dit import CausalWanDiT
+from workers.engine.models.wan.text_encoder import UMT5Config, UMT5Encoder
+from workers.engine.models.wan.vae import WanVAE, WanVAEConfig, to_unit_range
 from workers.engine.noise import RecordedNoise
 from workers.engine.pipeline import BlockDiffusionPipeline, PipelineConfig
 
@@ -160,6 +163,13 @@ def check_dit_forward(case: GoldenCase, tol: float) -> Iterator[Comparison]:
             yield Comparison(case.name, f"dit_forward.x0_{call}", _diff(x0, data[f"dit_fwd_x0_{call}"]), tol)
 
 
+def _recorded_noise(inputs: dict[str, Tensor]) -> RecordedNoise:
+    renoise = {
+        (int(m.group(1)), int(m.group(2))): t for key, t in inputs.items() if (m := _RENOISE_KEY.match(key)) is not None
+    }
+    return RecordedNoise(inputs["initial_noise"], renoise)
+
+
 def check_pipeline(case: GoldenCase, tol: float) -> Iterator[Comparison]:
     """The full block loop with the recorded noise: x0 of every step, latents, final KV cache."""
     dit = case.build_dit()
@@ -192,10 +202,88 @@ def check_pipeline(case: GoldenCase, tol: float) -> Iterator[Comparison]:
     session.close()
 
 
+def _vae(case: GoldenCase) -> WanVAE:
+    return load_vae(case.folder / "vae.safetensors", WanVAEConfig.from_dict(case.config["vae"]))
+
+
+def _text_encoder(case: GoldenCase) -> UMT5Encoder:
+    config = UMT5Config.from_dict(case.config["text_encoder"])
+    return UMT5Encoder.from_checkpoint(case.folder / "text.safetensors", config, dtype=torch.float32)
+
+
+def _compare_video(case: GoldenCase, prefix: str, video: Tensor, tol: float) -> Iterator[Comparison]:
+    """`video` [1, T, 3, H, W] in [-1, 1] against the stored slices of the pipeline video ([0, 1])."""
+    unit = to_unit_range(video)
+    outputs = case.tensors("outputs")
+    first = outputs["video_first_block"]
+    yield Comparison(case.name, f"{prefix}.first_block", _diff(unit[:, : first.shape[1]], first), tol)
+    last = outputs["video_last_latent_frame"]
+    yield Comparison(case.name, f"{prefix}.last_latent_frame", _diff(unit[:, -last.shape[1] :], last), tol)
+    # Per-frame, per-channel means (the stored fp64 sums over H x W, divided by H * W).
+    pixels = unit.shape[-1] * unit.shape[-2]
+    means = unit[0].double().sum(dim=(2, 3)) / pixels
+    golden_means = outputs["video_frame_channel_sum"] / pixels
+    yield Comparison(case.name, f"{prefix}.frame_channel_mean", _diff(means, golden_means), tol)
+
+
+def check_text_encoder(case: GoldenCase, tol: float) -> Iterator[Comparison]:
+    """umt5 encoder: token ids -> embeddings (padding rows zeroed, and raw)."""
+    if not case.has("text") or not case.has("text_case"):
+        return
+    encoder = _text_encoder(case)
+    data = case.tensors("text_case")
+    with torch.no_grad():
+        raw = encoder(data["text_ids"], data["text_mask"])
+        zeroed = encoder.prompt_embeds(data["text_ids"], data["text_mask"])
+        inputs = case.tensors("inputs")
+        prompt = encoder.prompt_embeds(inputs["text_ids"], inputs["text_mask"])
+    yield Comparison(case.name, "text_encoder.embeds_unzeroed", _diff(raw, data["text_embeds_unzeroed"]), tol)
+    yield Comparison(case.name, "text_encoder.embeds", _diff(zeroed, data["text_embeds"]), tol)
+    yield Comparison(case.name, "text_encoder.prompt_embeds", _diff(prompt, inputs["prompt_embeds"]), tol)
+
+
+def check_vae(case: GoldenCase, tol: float) -> Iterator[Comparison]:
+    """VAE decode of the golden latents, one-shot and block by block (which must agree bitwise)."""
+    if not case.has("vae"):
+        return
+    vae = _vae(case)
+    latents = case.tensors("outputs")["latents"]
+    nf = int(case.config["pipeline"]["num_frame_per_block"])
+    oneshot = vae.decode(latents)
+    state = vae.new_decode_state()
+    streamed = torch.cat([vae.decode_block(latents[:, i : i + nf], state) for i in range(0, latents.shape[1], nf)], 1)
+    yield from _compare_video(case, "vae.oneshot", oneshot, tol)
+    yield from _compare_video(case, "vae.streaming", streamed, tol)
+    yield Comparison(case.name, "vae.streaming_vs_oneshot", _diff(streamed, oneshot), 0.0)
+
+
+def check_full_chain(case: GoldenCase, tol: float) -> Iterator[Comparison]:
+    """Token ids -> text encoder -> block loop (recorded noise) -> streaming VAE decode -> video."""
+    if not (case.has("text") and case.has("vae")):
+        return
+    inputs = case.tensors("inputs")
+    with torch.no_grad():
+        prompt = _text_encoder(case).prompt_embeds(inputs["text_ids"], inputs["text_mask"])
+    pipeline = BlockDiffusionPipeline(case.build_dit(), case.pipeline_config())
+    _, frames, _, h, w = inputs["initial_noise"].shape
+    nf = pipeline.config.block.num_frame_per_block
+    vae = _vae(case)
+    state = vae.new_decode_state()
+    with pipeline.open_session(prompt, h, w, noise=_recorded_noise(inputs), num_blocks=frames // nf) as session:
+        blocks = list(session)
+        video = torch.cat([vae.decode_block(b.latents, state) for b in blocks], dim=1)
+    latents = torch.cat([b.latents for b in blocks], dim=1)
+    yield Comparison(case.name, "chain.latents", _diff(latents, case.tensors("outputs")["latents"]), tol)
+    yield from _compare_video(case, "chain.video", video, tol)
+
+
 CHECKS: list[Callable[[GoldenCase, float], Iterator[Comparison]]] = [
     check_schedule,
     check_dit_forward,
     check_pipeline,
+    check_text_encoder,
+    check_vae,
+    check_full_chain,
 ]
 
 

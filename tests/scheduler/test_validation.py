@@ -1,0 +1,84 @@
+"""Request validation: pure-function checks and a fuzz of the validator."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inferix.api.v1 import common_pb2
+from scheduler.validation import MAX_PROMPT_BYTES, InvalidRequest, validate_spec
+from workers.engine.presets import load_preset
+
+PRESETS = {"tiny": load_preset("tiny"), "self-forcing-dmd": load_preset("self-forcing-dmd")}
+
+
+def spec(**kwargs: object) -> common_pb2.SessionSpec:
+    base: dict[str, object] = {"model": "tiny", "num_blocks": 3, "prompts": [{"at_block": 0, "text": "a red ball"}]}
+    base.update(kwargs)
+    return common_pb2.SessionSpec(**base)  # type: ignore[arg-type]
+
+
+def test_defaults_are_filled() -> None:
+    valid = validate_spec(spec(), PRESETS, default_lookahead=2)
+    assert (valid.spec.resolution.width, valid.spec.resolution.height) == (128, 128)
+    assert valid.lookahead == 2 and valid.num_blocks == 3
+    assert valid.shape.pages == 9  # global attention: every frame of 3 blocks x 3 frames
+
+
+def test_window_models_allow_unbounded_sessions_global_ones_do_not() -> None:
+    with pytest.raises(InvalidRequest, match="spec.num_blocks: .*global attention"):
+        validate_spec(spec(num_blocks=0), PRESETS, 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"model": ""}, "spec.model: required"),
+        ({"model": "nope"}, "served models: \\['self-forcing-dmd', 'tiny'\\]"),
+        ({"resolution": {"width": 832, "height": 470}}, "spec.resolution: .*multiples of 16"),
+        ({"resolution": {"width": 8192, "height": 480}}, "spec.resolution"),
+        ({"prompts": []}, "spec.prompts: at least one"),
+        ({"prompts": [{"at_block": 0, "text": "é" * MAX_PROMPT_BYTES}]}, "spec.prompts\\[0\\].text: .*limit is 2048"),
+        ({"prompts": [{"at_block": 0, "text": "a"}, {"at_block": 5, "text": "b"}]}, "not below spec.num_blocks=3"),
+        ({"prompts": [{"at_block": 0, "text": "a\x00b"}]}, "NUL"),
+        ({"outputs": {"rtmp": True}}, "spec.outputs"),
+    ],
+)
+def test_each_invalid_field_is_named(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        validate_spec(spec(**kwargs), PRESETS, 2)
+
+
+prompt_changes = st.lists(
+    st.fixed_dictionaries({"at_block": st.integers(0, 2**32 - 1), "text": st.text(max_size=300)}), max_size=8
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    model=st.sampled_from(["tiny", "self-forcing-dmd", "", "x" * 100]) | st.text(max_size=20),
+    width=st.integers(0, 2**32 - 1),
+    height=st.integers(0, 2**32 - 1),
+    num_blocks=st.integers(0, 2**32 - 1),
+    lookahead=st.integers(0, 2**32 - 1),
+    prompts=prompt_changes,
+    seed=st.integers(0, 2**64 - 1),
+)
+def test_fuzzed_specs_are_accepted_or_rejected_with_invalid_request(
+    model: str, width: int, height: int, num_blocks: int, lookahead: int, prompts: list[dict], seed: int
+) -> None:
+    request = spec(
+        model=model,
+        resolution={"width": width, "height": height},
+        num_blocks=num_blocks,
+        lookahead=lookahead,
+        prompts=prompts,
+        seed=seed,
+    )
+    try:
+        valid = validate_spec(request, PRESETS, 2)
+    except InvalidRequest as exc:
+        assert str(exc).startswith("spec.")
+        return
+    assert valid.shape.pages >= 1 and valid.spec.prompts[0].at_block == 0
