@@ -49,6 +49,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--attention", default="auto", help="attention backend: auto, sdpa, flash")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--profile", type=Path, default=None, metavar="DIR", help="write a profile report (JSON + HTML) to DIR"
+    )
     parser.set_defaults(func=run)
 
 
@@ -62,6 +65,11 @@ def parse_prompt_schedule(first: str, changes: list[str], recache: bool) -> list
             raise UserError(f'--prompt-at must look like 4:"the ball turns green", got {item!r}')
         schedule.append(PromptChange(int(match.group(1)), match.group(2).strip().strip('"'), recache))
     return validate_schedule(schedule)
+
+
+def generator_pages(video: Any) -> float:
+    """KV pages the session holds now (sampled by the profiler's monitor thread)."""
+    return float(video.session.cache.usage().device_pages)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from inferix.media import Mp4Writer
+    from inferix.profiling import Profiler
     from workers.engine.model_dir import load_model
     from workers.engine.video import VideoGenerator
 
@@ -89,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     generator = VideoGenerator(model)
     width, height = args.width or model.width, args.height or model.height
     changes = {c.at_block: c for c in schedule[1:]}
+    profiler = Profiler(enabled=args.profile is not None, fps=model.fps, label=f"{model.name} {width}x{height}")
     loaded = time.perf_counter()
     first_block_s = 0.0
     frames = 0
@@ -97,11 +107,15 @@ def run(args: argparse.Namespace) -> int:
         generator.open(schedule[0].text, width=width, height=height, seed=args.seed, num_blocks=args.blocks) as video,
         Mp4Writer(args.out, width, height, model.fps) as writer,
         tqdm(total=args.blocks, unit="block", disable=args.quiet, file=sys.stderr) as bar,
+        profiler.session(),
     ):
+        profiler.add_gauge("kv_pool", lambda: {"used_pages": generator_pages(video)})
         for index in range(args.blocks):
-            if index in changes:
-                video.set_prompt(changes[index].text, recache=changes[index].recache)
-            block = video.next_block()
+            with profiler.block(index) as scope:
+                if index in changes:
+                    video.set_prompt(changes[index].text, recache=changes[index].recache)
+                block = video.next_block()
+                scope.pixel_frames = block.frames.shape[0]
             writer.write(block.frames)
             digest.update(np.ascontiguousarray(block.frames).tobytes())
             frames += block.frames.shape[0]
@@ -111,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix(fps=f"{frames / elapsed:.1f}", frames=frames)
             bar.update(1)
     total = time.perf_counter() - loaded
+    if args.profile is not None:
+        profiler.write(args.profile)
     video_s = frames / model.fps
     print(
         f"wrote {args.out}: {frames} frames {width}x{height} @ {model.fps} fps ({video_s:.1f} s of video), "
@@ -118,5 +134,6 @@ def run(args: argparse.Namespace) -> int:
         f"load {loaded - started:.1f} s | time to first block {first_block_s:.2f} s | "
         f"{frames / total:.1f} frames/s | real-time factor {video_s / total:.2f}\n"
         f"frames sha256 {digest.hexdigest()}"
+        + (f"\nprofile written to {args.profile}" if args.profile is not None else "")
     )
     return 0

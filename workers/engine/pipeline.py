@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from inferix.profiling import profile
 from workers.engine.config import BlockConfig, SamplingConfig
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
@@ -125,18 +126,20 @@ class BlockDiffusionPipeline:
         session_id: str | None = None,
         record_steps: bool = False,
     ) -> GenerationSession:
-        """Start a session. Without a pool, one sized for this session alone is created."""
+        """Start a session in the shared pool, or (without one) in a pool sized for this session alone."""
         if num_blocks is not None and num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1 (or None for unbounded), got {num_blocks}")
         self.dit.config.tokens_per_frame(latent_height, latent_width)  # validates the size
-        if self.pool is None:
+        pool = self.pool
+        if pool is None:
             init_frames = 0 if initial_latents is None else initial_latents.shape[1]
             frames = self.session_frames(num_blocks)
             if self.config.block.is_global:
                 frames += init_frames
-            self.pool = KVPool(self.pool_spec(latent_height, latent_width, frames))
+            pool = KVPool(self.pool_spec(latent_height, latent_width, frames))
         return GenerationSession(
             self,
+            pool,
             prompt_embeds,
             latent_height,
             latent_width,
@@ -154,6 +157,7 @@ class GenerationSession:
     def __init__(
         self,
         pipeline: BlockDiffusionPipeline,
+        pool: KVPool,
         prompt_embeds: Tensor,
         latent_height: int,
         latent_width: int,
@@ -173,9 +177,9 @@ class GenerationSession:
         self.num_blocks = num_blocks
         self.session_id = session_id
         self.record_steps = record_steps
-        assert pipeline.pool is not None
+        self.pool = pool
         block = self.block_config
-        self.cache: PagedSessionCache = pipeline.pool.open_session(
+        self.cache: PagedSessionCache = pool.open_session(
             session_id,
             pipeline.cache_layout(latent_height, latent_width)[1],
             window_frames=None if block.is_global else block.local_attn_size,
@@ -234,8 +238,9 @@ class GenerationSession:
         x0 = x
         for i, t_value in enumerate(steps):
             t = torch.full((1, nf), 0, dtype=steps.dtype, device=device) + t_value.to(device)
-            flow = self.dit(x, t, self.prompt, self.cache, start)
-            x0 = self.pipeline.schedule.x0_from_flow(x, flow, t)
+            with profile("denoise_step"):
+                flow = self.dit(x, t, self.prompt, self.cache, start)
+                x0 = self.pipeline.schedule.x0_from_flow(x, flow, t)
             if self.record_steps:
                 step_x0.append(x0.clone())
             if i + 1 < len(steps):
@@ -244,7 +249,8 @@ class GenerationSession:
                 x = self.pipeline.schedule.add_noise(x0, eps, t_next)
         self._sync()
         denoised = time.perf_counter()
-        self._context_pass(x0, start)
+        with profile("context_pass"):
+            self._context_pass(x0, start)
         self._sync()
         finished = time.perf_counter()
 
@@ -278,8 +284,7 @@ class GenerationSession:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            assert self.pipeline.pool is not None
-            self.pipeline.pool.close_session(self.session_id)
+            self.pool.close_session(self.session_id)
 
     def __enter__(self) -> GenerationSession:
         return self

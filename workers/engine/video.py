@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from inferix.errors import UserError
+from inferix.profiling import profile
 from workers.engine.kv.pool import KVPool
 from workers.engine.model_dir import LoadedModel
 from workers.engine.models.wan.vae import VAEDecodeState
@@ -119,7 +120,8 @@ class VideoSession:
     def _encode(self, text: str) -> Tensor:
         if not text.strip():
             raise UserError("the prompt is empty: write what the video should show")
-        return self.model.prompt_encoder.encode([text])
+        with profile("text_encode"):
+            return self.model.prompt_encoder.encode([text])
 
     def set_prompt(self, text: str, recache: bool = False) -> None:
         """Switch prompt at the next block boundary."""
@@ -129,8 +131,9 @@ class VideoSession:
     def next_block(self) -> VideoBlock:
         block = self.session.generate_block()
         began = time.perf_counter()
-        video = self.model.vae.decode_block(block.latents, self.decode_state)
-        frames = to_uint8_frames(video)
+        with profile("vae_decode"):
+            video = self.model.vae.decode_block(block.latents, self.decode_state)
+            frames = to_uint8_frames(video)
         decode_s = time.perf_counter() - began
         first = self.next_frame
         self.next_frame += frames.shape[0]
