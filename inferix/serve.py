@@ -28,6 +28,7 @@ class MeshConfig:
     lookahead: int = 2
     worker_threads: int = 0
     metrics: bool = True
+    heartbeat_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
 
 

@@ -8,6 +8,7 @@ import os
 
 from inferix.server import ServerOptions, add_server_arguments, run_server
 from inferix.store import StoreError, StoreURLError, open_store
+from kvcache_svc.offload import Watermarks
 from kvcache_svc.service import KVCacheConfig, add_to_server
 
 
@@ -45,6 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.finished_ttl_s,
         help="seconds the committed blocks of a released session are kept (default %(default)s)",
     )
+    parser.add_argument(
+        "--offload-high-watermark",
+        type=float,
+        default=defaults.watermarks.high,
+        help="offload the least recently used sessions when a worker's device pages exceed this fraction "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--offload-low-watermark",
+        type=float,
+        default=defaults.watermarks.low,
+        help="... down to this fraction (default %(default)s); paused sessions are always offloaded",
+    )
     return parser
 
 
@@ -64,7 +78,13 @@ async def serve(options: ServerOptions, redis_url: str | None, config: KVCacheCo
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    config = KVCacheConfig(heartbeat_timeout_s=args.heartbeat_timeout, finished_ttl_s=args.finished_ttl)
+    try:
+        marks = Watermarks(high=args.offload_high_watermark, low=args.offload_low_watermark)
+    except ValueError as exc:
+        raise SystemExit(f"kvcache: {exc}") from None
+    config = KVCacheConfig(
+        heartbeat_timeout_s=args.heartbeat_timeout, finished_ttl_s=args.finished_ttl, watermarks=marks
+    )
     asyncio.run(serve(ServerOptions.from_args(args), args.redis_url, config))
 
 

@@ -23,6 +23,7 @@ PAGES_TOTAL = Gauge("inferix_kvcache_pages_total", "KV pool pages declared by al
 PAGES_USED = Gauge("inferix_kvcache_pages_used", "KV pool pages in use on alive workers, as last reported")
 PAGES_RESERVED = Gauge("inferix_kvcache_pages_reserved", "KV pool pages reserved by admitted sessions on alive workers")
 ADMISSIONS = Counter("inferix_kvcache_admissions", "Admit requests by outcome", ["outcome"])
+OFFLOADS = Counter("inferix_kvcache_offloads", "Sessions told to move their KV pages to host memory")
 for _outcome in ("accepted", "rejected"):
     ADMISSIONS.labels(outcome=_outcome)  # export both series from the start, at 0
 

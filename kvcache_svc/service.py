@@ -28,7 +28,8 @@ from kvcache_svc.errors import (
     NotFoundError,
     PreconditionError,
 )
-from kvcache_svc.registry import KVReport, Registry, WorkerRecord
+from kvcache_svc.offload import SessionReport, Watermarks, plan_offload
+from kvcache_svc.registry import KVReport, Registry, WorkerRecord, require_id
 
 log = logging.getLogger("kvcache_svc")
 
@@ -71,6 +72,7 @@ class KVCacheConfig:
     heartbeat_timeout_s: float = 10.0
     # Committed blocks of a released (finished) session are kept this long, then expire.
     finished_ttl_s: float = 24 * 3600.0
+    watermarks: Watermarks = Watermarks()
 
     def __post_init__(self) -> None:
         if self.heartbeat_timeout_s <= 0 or self.finished_ttl_s <= 0:
@@ -104,9 +106,14 @@ def _worker_info(record: WorkerRecord, alive: bool) -> kvcache_pb2.WorkerInfo:
     )
 
 
+def _paused_key(session_id: str) -> str:
+    return f"kvcache/paused/{session_id}"
+
+
 class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
     def __init__(self, store: Store, config: KVCacheConfig) -> None:
         self.config = config
+        self.store = store
         self.registry = Registry(store, config.heartbeat_timeout_s)
         self.blocks = BlockStore(store)
 
@@ -123,8 +130,27 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
 
     @_with_statuses
     async def Heartbeat(self, request: kvcache_pb2.HeartbeatRequest, context: Any) -> kvcache_pb2.HeartbeatResponse:
-        await self.registry.heartbeat(request.worker_id, request.sequence, _report(request.kv), request.session_ids)
-        return kvcache_pb2.HeartbeatResponse()
+        record = await self.registry.heartbeat(
+            request.worker_id, request.sequence, _report(request.kv), request.session_ids
+        )
+        reports = [SessionReport(r.session_id, r.device_pages, r.last_block_unix) for r in request.session_reports]
+        flags = await self.store.get_many([_paused_key(r.session_id) for r in reports])
+        paused = {r.session_id for r, flag in zip(reports, flags, strict=True) if flag is not None}
+        offload = plan_offload(record.total_pages, request.kv.used_pages, reports, paused, self.config.watermarks)
+        if offload:
+            metrics.OFFLOADS.inc(len(offload))
+        return kvcache_pb2.HeartbeatResponse(offload_session_ids=offload)
+
+    @_with_statuses
+    async def SetSessionActivity(
+        self, request: kvcache_pb2.SetSessionActivityRequest, context: Any
+    ) -> kvcache_pb2.SetSessionActivityResponse:
+        require_id("session_id", request.session_id)
+        if request.paused:
+            await self.store.put(_paused_key(request.session_id), b"1", ttl_s=self.config.finished_ttl_s)
+        else:
+            await self.store.delete(_paused_key(request.session_id))
+        return kvcache_pb2.SetSessionActivityResponse()
 
     @_with_statuses
     async def ListWorkers(

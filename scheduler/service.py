@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +65,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         self._workers: dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._presets: dict[str, ModelPreset] = {}
+        self._side_tasks: set[asyncio.Future[None]] = set()
 
     # ---- helpers ------------------------------------------------------------------------------
     async def _principal(self, context: Any) -> str:
@@ -117,6 +118,11 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
             valid = validate_spec(request.spec, await self._served_models(), self.config.default_lookahead)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"placement service unavailable ({exc.code().name}); retry"
+            )
             raise
         session_id = uuid.uuid4().hex
         streamer = self.config.streamer_public_address or self.config.streamer_address
@@ -235,11 +241,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         elif kind == "pause":
             if record.paused_since is None:
                 record.paused_since = time.monotonic()
+                self._background(self._set_activity(record, paused=True))
             record.set_state(common_pb2.SESSION_STATE_PAUSED, "paused by the client")
         elif kind == "resume":
             if record.paused_since is not None:
                 record.paused_total_s += time.monotonic() - record.paused_since
                 record.paused_since = None
+                self._background(self._set_activity(record, paused=False))
             if record.state == common_pb2.SESSION_STATE_PAUSED:
                 record.set_state(common_pb2.SESSION_STATE_RUNNING, "resumed by the client")
         elif kind == "stop":
@@ -250,6 +258,26 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.InteractResponse(
             accepted=scheduler_pb2.CommandAccepted(applies_at_block=record.boundary, command=kind)
         )
+
+    def _background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _set_activity(self, record: SessionRecord, paused: bool) -> None:
+        """Tell kvcache_svc (a paused session's pages go to host memory); on resume, prefetch them back."""
+        try:
+            await self.kvcache.SetSessionActivity(
+                kvcache_pb2.SetSessionActivityRequest(session_id=record.session_id, paused=paused),
+                timeout=self.config.internal_deadline_s,
+            )
+            if not paused and record.worker_address:
+                await self._worker(record.worker_address).PrefetchSession(
+                    worker_pb2.PrefetchSessionRequest(session_id=record.session_id),
+                    timeout=self.config.internal_deadline_s,
+                )
+        except grpc.aio.AioRpcError as exc:  # an optimisation: the next block restores pages anyway
+            log.warning("activity update of %s failed: %s", record.session_id, exc.details())
 
     # ---- placement ----------------------------------------------------------------------------
     async def _admit(self, record: SessionRecord, exclude: list[str]) -> bool:
@@ -266,6 +294,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND):
                 return False
+            if exc.code() in RETRYABLE and record.session_id in self.sessions:
+                log.warning("admission of %s: kvcache_svc unreachable (%s); retrying", record.session_id, exc.code())
+                return False  # a running or queued session waits for kvcache_svc to come back
             raise
         record.worker_id = reply.worker.worker_id
         record.worker_address = reply.worker.address

@@ -10,3 +10,4 @@ BLOCK_SECONDS = Histogram(
 )
 SESSIONS = Gauge("inferix_worker_sessions", "Sessions open on this worker")
 KV_PAGES_USED = Gauge("inferix_worker_kv_pages_used", "KV pool pages in use")
+OFFLOADS = Counter("inferix_worker_offloads_total", "Sessions whose KV pages were moved to host memory")

@@ -42,6 +42,7 @@ from workers.engine.video import VideoBlock, VideoGenerator, VideoSession
 log = logging.getLogger("inferix.worker")
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 INTERNAL_DEADLINE_S = 30.0
+COMMIT_RETRY_S = 60.0
 
 
 @dataclass
@@ -58,6 +59,7 @@ class _Session:
     streamer: streamer_pb2_grpc.StreamerServiceStub
     fps: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_block_unix: float = field(default_factory=time.time)
 
 
 def latents_to_proto(block: VideoBlock) -> kvcache_pb2.CommittedBlock:
@@ -163,6 +165,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
                 await self._publish(session, request.session_id, block)
                 await self._commit(request.session_id, block)
+            session.last_block_unix = time.time()
         metrics.BLOCKS.inc()
         metrics.BLOCK_SECONDS.observe(block.total_s)
         return worker_pb2.RunBlockResponse(
@@ -180,6 +183,47 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 ),
             )
         )
+
+    async def PrefetchSession(
+        self, request: worker_pb2.PrefetchSessionRequest, context: Any
+    ) -> worker_pb2.PrefetchSessionResponse:
+        session = self.sessions.get(request.session_id)
+        if session is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"session {request.session_id!r} is not open on this worker")
+        assert session is not None
+        async with self.engine_lock:
+            await asyncio.to_thread(session.video.session.cache.prefetch)
+        return worker_pb2.PrefetchSessionResponse()
+
+    async def offload(self, session_ids: list[str]) -> None:
+        """Move these sessions' KV pages to host memory (kvcache_svc's decision)."""
+        for session_id in session_ids:
+            session = self.sessions.get(session_id)
+            if session is None or session.lock.locked():  # gone, or running a block right now
+                continue
+            async with self.engine_lock:
+                cache = session.video.session.cache
+                try:
+                    await asyncio.to_thread(cache.offload)
+                except KVCapacityError as exc:
+                    log.warning("cannot offload %s: %s", session_id, exc)
+                    continue
+            metrics.OFFLOADS.inc()
+            log.info("offloaded session %s to host memory (%d pages)", session_id, cache.usage().host_pages)
+
+    def session_reports(self) -> list[kvcache_pb2.SessionKVReport]:
+        reports = []
+        for session_id, session in self.sessions.items():
+            usage = session.video.session.cache.usage()
+            reports.append(
+                kvcache_pb2.SessionKVReport(
+                    session_id=session_id,
+                    device_pages=usage.device_pages,
+                    host_pages=usage.host_pages,
+                    last_block_unix=session.last_block_unix,
+                )
+            )
+        return reports
 
     async def CloseSession(
         self, request: worker_pb2.CloseSessionRequest, context: Any
@@ -242,12 +286,23 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         await session.streamer.PushFrames(frames(), timeout=INTERNAL_DEADLINE_S)
 
     async def _commit(self, session_id: str, block: VideoBlock) -> None:
+        """Store the block's latents; retried while kvcache_svc is briefly away (commits are idempotent)."""
         request = kvcache_pb2.CommitBlockRequest(session_id=session_id, block=latents_to_proto(block))
-        try:
-            await self.kvcache.CommitBlock(request, timeout=INTERNAL_DEADLINE_S)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.ALREADY_EXISTS:  # a re-run of a committed block
-                raise
+        deadline = time.monotonic() + COMMIT_RETRY_S
+        delay = 0.2
+        while True:
+            try:
+                await self.kvcache.CommitBlock(request, timeout=INTERNAL_DEADLINE_S)
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.ALREADY_EXISTS:  # a re-run of a committed block
+                    return
+                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not retryable or time.monotonic() > deadline:
+                    raise
+                log.warning("commit of %s block %d: %s; retrying", session_id, block.index, exc.code().name)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
 
     async def register_and_heartbeat(self, address: str, stop: asyncio.Event) -> None:
         """Register with kvcache_svc, then report KV usage until `stop` (re-registering if forgotten)."""
@@ -266,15 +321,18 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     registered = True
                     log.info("registered with kvcache_svc at %s as %s", self.config.kvcache_address, address)
                 self._sequence += 1
-                await self.kvcache.Heartbeat(
+                reply = await self.kvcache.Heartbeat(
                     kvcache_pb2.HeartbeatRequest(
                         worker_id=self.config.worker_id,
                         sequence=self._sequence,
                         kv=self.kv_usage(),
                         session_ids=list(self.sessions),
+                        session_reports=self.session_reports(),
                     ),
                     timeout=5,
                 )
+                if reply.offload_session_ids:
+                    await self.offload(list(reply.offload_session_ids))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     registered = False  # kvcache_svc restarted without our record

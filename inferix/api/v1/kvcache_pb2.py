@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from inferix.api.v1 import common_pb2 as inferix_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18inferix/v1/kvcache.proto\x12\ninferix.v1\x1a\x17inferix/v1/common.proto\"\x9f\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x02kv\x18\x04 \x01(\x0b\x32\x13.inferix.v1.KVUsage\x12\x16\n\x0ereserved_pages\x18\x05 \x01(\r\x12\x16\n\x0elast_seen_unix\x18\x06 \x01(\x01\x12\r\n\x05\x61live\x18\x07 \x01(\x08\"k\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x02kv\x18\x04 \x01(\x0b\x32\x13.inferix.v1.KVUsage\"6\n\x16RegisterWorkerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"m\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x1f\n\x02kv\x18\x03 \x01(\x0b\x32\x13.inferix.v1.KVUsage\x12\x13\n\x0bsession_ids\x18\x04 \x03(\t\"\x13\n\x11HeartbeatResponse\"\x14\n\x12ListWorkersRequest\">\n\x13ListWorkersResponse\x12\'\n\x07workers\x18\x01 \x03(\x0b\x32\x16.inferix.v1.WorkerInfo\"Y\n\x0c\x41\x64mitRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05pages\x18\x03 \x01(\r\x12\x17\n\x0f\x65xclude_workers\x18\x04 \x03(\t\"7\n\rAdmitResponse\x12&\n\x06worker\x18\x01 \x01(\x0b\x32\x16.inferix.v1.WorkerInfo\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"j\n\x0e\x43ommittedBlock\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\r\x12\x13\n\x0bstart_frame\x18\x02 \x01(\r\x12\r\n\x05shape\x18\x03 \x03(\r\x12\x0f\n\x07latents\x18\x04 \x01(\x0c\x12\x0e\n\x06prompt\x18\x05 \x01(\t\"S\n\x12\x43ommitBlockRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12)\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x1a.inferix.v1.CommittedBlock\"\x15\n\x13\x43ommitBlockResponse\"/\n\x19GetCommittedBlocksRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"H\n\x1aGetCommittedBlocksResponse\x12*\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1a.inferix.v1.CommittedBlock2\xba\x04\n\x0eKVCacheService\x12W\n\x0eRegisterWorker\x12!.inferix.v1.RegisterWorkerRequest\x1a\".inferix.v1.RegisterWorkerResponse\x12H\n\tHeartbeat\x12\x1c.inferix.v1.HeartbeatRequest\x1a\x1d.inferix.v1.HeartbeatResponse\x12N\n\x0bListWorkers\x12\x1e.inferix.v1.ListWorkersRequest\x1a\x1f.inferix.v1.ListWorkersResponse\x12<\n\x05\x41\x64mit\x12\x18.inferix.v1.AdmitRequest\x1a\x19.inferix.v1.AdmitResponse\x12\x42\n\x07Release\x12\x1a.inferix.v1.ReleaseRequest\x1a\x1b.inferix.v1.ReleaseResponse\x12N\n\x0b\x43ommitBlock\x12\x1e.inferix.v1.CommitBlockRequest\x1a\x1f.inferix.v1.CommitBlockResponse\x12\x63\n\x12GetCommittedBlocks\x12%.inferix.v1.GetCommittedBlocksRequest\x1a&.inferix.v1.GetCommittedBlocksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18inferix/v1/kvcache.proto\x12\ninferix.v1\x1a\x17inferix/v1/common.proto\"\x9f\x01\n\nWorkerInfo\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x02kv\x18\x04 \x01(\x0b\x32\x13.inferix.v1.KVUsage\x12\x16\n\x0ereserved_pages\x18\x05 \x01(\r\x12\x16\n\x0elast_seen_unix\x18\x06 \x01(\x01\x12\r\n\x05\x61live\x18\x07 \x01(\x08\"k\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1f\n\x02kv\x18\x04 \x01(\x0b\x32\x13.inferix.v1.KVUsage\"6\n\x16RegisterWorkerResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\"h\n\x0fSessionKVReport\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65vice_pages\x18\x02 \x01(\r\x12\x12\n\nhost_pages\x18\x03 \x01(\r\x12\x17\n\x0flast_block_unix\x18\x04 \x01(\x01\"\xa3\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x1f\n\x02kv\x18\x03 \x01(\x0b\x32\x13.inferix.v1.KVUsage\x12\x13\n\x0bsession_ids\x18\x04 \x03(\t\x12\x34\n\x0fsession_reports\x18\x05 \x03(\x0b\x32\x1b.inferix.v1.SessionKVReport\"0\n\x11HeartbeatResponse\x12\x1b\n\x13offload_session_ids\x18\x01 \x03(\t\"?\n\x19SetSessionActivityRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06paused\x18\x02 \x01(\x08\"\x1c\n\x1aSetSessionActivityResponse\"\x14\n\x12ListWorkersRequest\">\n\x13ListWorkersResponse\x12\'\n\x07workers\x18\x01 \x03(\x0b\x32\x16.inferix.v1.WorkerInfo\"Y\n\x0c\x41\x64mitRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\r\n\x05pages\x18\x03 \x01(\r\x12\x17\n\x0f\x65xclude_workers\x18\x04 \x03(\t\"7\n\rAdmitResponse\x12&\n\x06worker\x18\x01 \x01(\x0b\x32\x16.inferix.v1.WorkerInfo\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x11\n\x0fReleaseResponse\"j\n\x0e\x43ommittedBlock\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\r\x12\x13\n\x0bstart_frame\x18\x02 \x01(\r\x12\r\n\x05shape\x18\x03 \x03(\r\x12\x0f\n\x07latents\x18\x04 \x01(\x0c\x12\x0e\n\x06prompt\x18\x05 \x01(\t\"S\n\x12\x43ommitBlockRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12)\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x1a.inferix.v1.CommittedBlock\"\x15\n\x13\x43ommitBlockResponse\"/\n\x19GetCommittedBlocksRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"H\n\x1aGetCommittedBlocksResponse\x12*\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1a.inferix.v1.CommittedBlock2\x9f\x05\n\x0eKVCacheService\x12W\n\x0eRegisterWorker\x12!.inferix.v1.RegisterWorkerRequest\x1a\".inferix.v1.RegisterWorkerResponse\x12H\n\tHeartbeat\x12\x1c.inferix.v1.HeartbeatRequest\x1a\x1d.inferix.v1.HeartbeatResponse\x12N\n\x0bListWorkers\x12\x1e.inferix.v1.ListWorkersRequest\x1a\x1f.inferix.v1.ListWorkersResponse\x12<\n\x05\x41\x64mit\x12\x18.inferix.v1.AdmitRequest\x1a\x19.inferix.v1.AdmitResponse\x12\x42\n\x07Release\x12\x1a.inferix.v1.ReleaseRequest\x1a\x1b.inferix.v1.ReleaseResponse\x12\x63\n\x12SetSessionActivity\x12%.inferix.v1.SetSessionActivityRequest\x1a&.inferix.v1.SetSessionActivityResponse\x12N\n\x0b\x43ommitBlock\x12\x1e.inferix.v1.CommitBlockRequest\x1a\x1f.inferix.v1.CommitBlockResponse\x12\x63\n\x12GetCommittedBlocks\x12%.inferix.v1.GetCommittedBlocksRequest\x1a&.inferix.v1.GetCommittedBlocksResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,32 +38,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERWORKERREQUEST']._serialized_end=334
   _globals['_REGISTERWORKERRESPONSE']._serialized_start=336
   _globals['_REGISTERWORKERRESPONSE']._serialized_end=390
-  _globals['_HEARTBEATREQUEST']._serialized_start=392
-  _globals['_HEARTBEATREQUEST']._serialized_end=501
-  _globals['_HEARTBEATRESPONSE']._serialized_start=503
-  _globals['_HEARTBEATRESPONSE']._serialized_end=522
-  _globals['_LISTWORKERSREQUEST']._serialized_start=524
-  _globals['_LISTWORKERSREQUEST']._serialized_end=544
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=546
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=608
-  _globals['_ADMITREQUEST']._serialized_start=610
-  _globals['_ADMITREQUEST']._serialized_end=699
-  _globals['_ADMITRESPONSE']._serialized_start=701
-  _globals['_ADMITRESPONSE']._serialized_end=756
-  _globals['_RELEASEREQUEST']._serialized_start=758
-  _globals['_RELEASEREQUEST']._serialized_end=794
-  _globals['_RELEASERESPONSE']._serialized_start=796
-  _globals['_RELEASERESPONSE']._serialized_end=813
-  _globals['_COMMITTEDBLOCK']._serialized_start=815
-  _globals['_COMMITTEDBLOCK']._serialized_end=921
-  _globals['_COMMITBLOCKREQUEST']._serialized_start=923
-  _globals['_COMMITBLOCKREQUEST']._serialized_end=1006
-  _globals['_COMMITBLOCKRESPONSE']._serialized_start=1008
-  _globals['_COMMITBLOCKRESPONSE']._serialized_end=1029
-  _globals['_GETCOMMITTEDBLOCKSREQUEST']._serialized_start=1031
-  _globals['_GETCOMMITTEDBLOCKSREQUEST']._serialized_end=1078
-  _globals['_GETCOMMITTEDBLOCKSRESPONSE']._serialized_start=1080
-  _globals['_GETCOMMITTEDBLOCKSRESPONSE']._serialized_end=1152
-  _globals['_KVCACHESERVICE']._serialized_start=1155
-  _globals['_KVCACHESERVICE']._serialized_end=1725
+  _globals['_SESSIONKVREPORT']._serialized_start=392
+  _globals['_SESSIONKVREPORT']._serialized_end=496
+  _globals['_HEARTBEATREQUEST']._serialized_start=499
+  _globals['_HEARTBEATREQUEST']._serialized_end=662
+  _globals['_HEARTBEATRESPONSE']._serialized_start=664
+  _globals['_HEARTBEATRESPONSE']._serialized_end=712
+  _globals['_SETSESSIONACTIVITYREQUEST']._serialized_start=714
+  _globals['_SETSESSIONACTIVITYREQUEST']._serialized_end=777
+  _globals['_SETSESSIONACTIVITYRESPONSE']._serialized_start=779
+  _globals['_SETSESSIONACTIVITYRESPONSE']._serialized_end=807
+  _globals['_LISTWORKERSREQUEST']._serialized_start=809
+  _globals['_LISTWORKERSREQUEST']._serialized_end=829
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=831
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=893
+  _globals['_ADMITREQUEST']._serialized_start=895
+  _globals['_ADMITREQUEST']._serialized_end=984
+  _globals['_ADMITRESPONSE']._serialized_start=986
+  _globals['_ADMITRESPONSE']._serialized_end=1041
+  _globals['_RELEASEREQUEST']._serialized_start=1043
+  _globals['_RELEASEREQUEST']._serialized_end=1079
+  _globals['_RELEASERESPONSE']._serialized_start=1081
+  _globals['_RELEASERESPONSE']._serialized_end=1098
+  _globals['_COMMITTEDBLOCK']._serialized_start=1100
+  _globals['_COMMITTEDBLOCK']._serialized_end=1206
+  _globals['_COMMITBLOCKREQUEST']._serialized_start=1208
+  _globals['_COMMITBLOCKREQUEST']._serialized_end=1291
+  _globals['_COMMITBLOCKRESPONSE']._serialized_start=1293
+  _globals['_COMMITBLOCKRESPONSE']._serialized_end=1314
+  _globals['_GETCOMMITTEDBLOCKSREQUEST']._serialized_start=1316
+  _globals['_GETCOMMITTEDBLOCKSREQUEST']._serialized_end=1363
+  _globals['_GETCOMMITTEDBLOCKSRESPONSE']._serialized_start=1365
+  _globals['_GETCOMMITTEDBLOCKSRESPONSE']._serialized_end=1437
+  _globals['_KVCACHESERVICE']._serialized_start=1440
+  _globals['_KVCACHESERVICE']._serialized_end=2111
 # @@protoc_insertion_point(module_scope)

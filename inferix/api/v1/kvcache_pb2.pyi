@@ -43,19 +43,47 @@ class RegisterWorkerResponse(_message.Message):
     heartbeat_interval_s: float
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
+class SessionKVReport(_message.Message):
+    __slots__ = ("session_id", "device_pages", "host_pages", "last_block_unix")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HOST_PAGES_FIELD_NUMBER: _ClassVar[int]
+    LAST_BLOCK_UNIX_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    device_pages: int
+    host_pages: int
+    last_block_unix: float
+    def __init__(self, session_id: _Optional[str] = ..., device_pages: _Optional[int] = ..., host_pages: _Optional[int] = ..., last_block_unix: _Optional[float] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "sequence", "kv", "session_ids")
+    __slots__ = ("worker_id", "sequence", "kv", "session_ids", "session_reports")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_REPORTS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     sequence: int
     kv: _common_pb2.KVUsage
     session_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., sequence: _Optional[int] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    session_reports: _containers.RepeatedCompositeFieldContainer[SessionKVReport]
+    def __init__(self, worker_id: _Optional[str] = ..., sequence: _Optional[int] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ..., session_reports: _Optional[_Iterable[_Union[SessionKVReport, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
+    __slots__ = ("offload_session_ids",)
+    OFFLOAD_SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    offload_session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, offload_session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetSessionActivityRequest(_message.Message):
+    __slots__ = ("session_id", "paused")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    paused: bool
+    def __init__(self, session_id: _Optional[str] = ..., paused: _Optional[bool] = ...) -> None: ...
+
+class SetSessionActivityResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

@@ -60,6 +60,11 @@ class KVCacheServiceStub:
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_kvcache__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.SetSessionActivity = channel.unary_unary(
+                '/inferix.v1.KVCacheService/SetSessionActivity',
+                request_serializer=inferix_dot_v1_dot_kvcache__pb2.SetSessionActivityRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_kvcache__pb2.SetSessionActivityResponse.FromString,
+                _registered_method=True)
         self.CommitBlock = channel.unary_unary(
                 '/inferix.v1.KVCacheService/CommitBlock',
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlockRequest.SerializeToString,
@@ -108,6 +113,13 @@ class KVCacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSessionActivity(self, request, context):
+        """The scheduler reports pauses: a paused session's pages are offloaded to host memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CommitBlock(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -147,6 +159,11 @@ def add_KVCacheServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=inferix_dot_v1_dot_kvcache__pb2.ReleaseRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_kvcache__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'SetSessionActivity': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSessionActivity,
+                    request_deserializer=inferix_dot_v1_dot_kvcache__pb2.SetSessionActivityRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_kvcache__pb2.SetSessionActivityResponse.SerializeToString,
             ),
             'CommitBlock': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitBlock,
@@ -295,6 +312,33 @@ class KVCacheService:
             '/inferix.v1.KVCacheService/Release',
             inferix_dot_v1_dot_kvcache__pb2.ReleaseRequest.SerializeToString,
             inferix_dot_v1_dot_kvcache__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSessionActivity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferix.v1.KVCacheService/SetSessionActivity',
+            inferix_dot_v1_dot_kvcache__pb2.SetSessionActivityRequest.SerializeToString,
+            inferix_dot_v1_dot_kvcache__pb2.SetSessionActivityResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,16 @@ class RunBlockResponse(_message.Message):
     block: _common_pb2.BlockEvent
     def __init__(self, block: _Optional[_Union[_common_pb2.BlockEvent, _Mapping]] = ...) -> None: ...
 
+class PrefetchSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class PrefetchSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id", "finish_stream")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,11 @@ class WorkerServiceStub:
                 request_serializer=inferix_dot_v1_dot_worker__pb2.RunBlockRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_worker__pb2.RunBlockResponse.FromString,
                 _registered_method=True)
+        self.PrefetchSession = channel.unary_unary(
+                '/inferix.v1.WorkerService/PrefetchSession',
+                request_serializer=inferix_dot_v1_dot_worker__pb2.PrefetchSessionRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_worker__pb2.PrefetchSessionResponse.FromString,
+                _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/inferix.v1.WorkerService/CloseSession',
                 request_serializer=inferix_dot_v1_dot_worker__pb2.CloseSessionRequest.SerializeToString,
@@ -75,6 +80,13 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrefetchSession(self, request, context):
+        """Start restoring an offloaded session's KV pages ahead of its next block.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CloseSession(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -99,6 +111,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.RunBlock,
                     request_deserializer=inferix_dot_v1_dot_worker__pb2.RunBlockRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_worker__pb2.RunBlockResponse.SerializeToString,
+            ),
+            'PrefetchSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrefetchSession,
+                    request_deserializer=inferix_dot_v1_dot_worker__pb2.PrefetchSessionRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_worker__pb2.PrefetchSessionResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
@@ -166,6 +183,33 @@ class WorkerService:
             '/inferix.v1.WorkerService/RunBlock',
             inferix_dot_v1_dot_worker__pb2.RunBlockRequest.SerializeToString,
             inferix_dot_v1_dot_worker__pb2.RunBlockResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefetchSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferix.v1.WorkerService/PrefetchSession',
+            inferix_dot_v1_dot_worker__pb2.PrefetchSessionRequest.SerializeToString,
+            inferix_dot_v1_dot_worker__pb2.PrefetchSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,65 @@
+"""Paused sessions cost no device pages: kvcache_svc has the worker move them to host memory,
+resuming brings them back, and the video is unchanged."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from inferix.api.v1 import worker_pb2, worker_pb2_grpc
+from inferix.client import BlockDone, Client, PromptChange, StateChanged
+from inferix.serve import Mesh, start_mesh
+from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
+
+SEEDS = (21, 22)
+BLOCKS = 4
+
+
+@pytest.fixture(scope="module")
+def small_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    # Heartbeats every 0.5 s (timeout / 3), so offload decisions arrive quickly.
+    config = mesh_config(
+        tmp_path_factory.mktemp("offload-mesh"), workers=1, kv_pages=2 * 3 * BLOCKS, heartbeat_timeout_s=1.5
+    )
+    running = start_mesh(config)
+    yield running
+    running.stop()
+
+
+def worker_kv(mesh: Mesh) -> tuple[int, int]:
+    with grpc.insecure_channel(mesh.workers[0].address) as channel:
+        status = worker_pb2_grpc.WorkerServiceStub(channel).GetStatus(worker_pb2.GetStatusRequest(), timeout=10)
+    return status.kv.used_pages, status.kv.host_pages_used
+
+
+def test_paused_sessions_move_to_host_and_resume_unchanged(small_mesh: Mesh) -> None:
+    with Client(small_mesh.address, api_key=KEY_A, timeout=60) as client:
+        sessions = [client.create_session("a red ball", num_blocks=BLOCKS, seed=seed, lookahead=64) for seed in SEEDS]
+        interactions = [client.interact(s.session_id) for s in sessions]
+        for interaction in interactions:
+            for event in interaction.events():
+                if isinstance(event, BlockDone) and event.block_index == 0:
+                    interaction.pause()
+                if isinstance(event, StateChanged) and event.state == "paused":
+                    break
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and worker_kv(small_mesh)[0] > 0:
+            time.sleep(0.2)
+        used, host = worker_kv(small_mesh)
+        done = [client.get_session(s.session_id).blocks_done for s in sessions]
+        assert used == 0, "paused sessions still hold device pages"
+        assert host == sum(3 * n for n in done)  # global attention: 3 latent frames (pages) per block
+        for interaction in interactions:
+            interaction.resume()
+        for interaction in interactions:
+            states = [e.state for e in interaction.events() if isinstance(e, StateChanged)]
+            assert states[-1] == "completed"
+            interaction.close()
+    assert worker_kv(small_mesh)[1] == 0  # nothing left on the host tier
+    for session, seed in zip(sessions, SEEDS, strict=True):
+        streamed = stream_info(small_mesh, session.session_id)
+        assert streamed.frames == 9 + 12 * (BLOCKS - 1)
+        assert streamed.frames_sha256 == generate_digest((PromptChange(0, "a red ball"),), BLOCKS, seed)
