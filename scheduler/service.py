@@ -29,7 +29,7 @@ from inferix.api.v1 import (
     worker_pb2_grpc,
 )
 from inferix.server import Registration, channel
-from inferix.store import Store
+from inferix.store import Store, StoreUnavailableError
 from inferix.telemetry import tracer
 from scheduler import metrics
 from scheduler.auth import ApiKeys, Unauthenticated
@@ -99,8 +99,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         return self._workers[address]
 
     async def _persist(self, record: SessionRecord) -> None:
-        await self.store.put(f"scheduler/sessions/{record.session_id}", record.to_json())
+        """Write the session's record; while the store is away the next write carries the latest state."""
         self._update_gauges()
+        try:
+            await self.store.put(f"scheduler/sessions/{record.session_id}", record.to_json())
+        except StoreUnavailableError as exc:
+            log.warning("session %s: store unavailable, record not persisted yet (%s)", record.session_id, exc)
 
     def _update_gauges(self) -> None:
         counts = dict.fromkeys(STATE_NAMES.values(), 0)

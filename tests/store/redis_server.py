@@ -80,8 +80,12 @@ class RedisServer:
                 self.process.wait()
 
 
-def start_redis_server(workdir: Path) -> RedisServer:
-    """Start redis-server on a free 127.0.0.1 port and wait until it answers PING."""
+def start_redis_server(workdir: Path, port: int | None = None, persistent: bool = False) -> RedisServer:
+    """Start redis-server on 127.0.0.1 (a free port unless given) and wait until it answers PING.
+
+    `persistent` writes every command to an append-only file in `workdir`, so a server restarted
+    on the same folder comes back with all the data.
+    """
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.fail(
@@ -90,8 +94,10 @@ def start_redis_server(workdir: Path) -> RedisServer:
             pytrace=False,
         )
     last_error = ""
+    persistence = ["--appendonly", "yes", "--appendfsync", "always"] if persistent else ["--appendonly", "no"]
+    fixed_port = port
     for _ in range(3):  # the port was free when picked; another process may take it before Redis binds
-        port = _free_port()
+        port = fixed_port or _free_port()
         process = subprocess.Popen(
             [
                 binary,
@@ -100,7 +106,7 @@ def start_redis_server(workdir: Path) -> RedisServer:
                 "--dir", str(workdir),
                 "--logfile", str(workdir / "redis.log"),
                 "--save", "",
-                "--appendonly", "no",
+                *persistence,
                 "--daemonize", "no",
             ],
             stdout=subprocess.DEVNULL,
