@@ -7,10 +7,12 @@ Every child binds 127.0.0.1 (ports chosen by the OS unless given) and is stopped
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferix.launch import ServiceProcess, start_service
+from inferix.server import INTERNAL_TOKEN_ENV
 
 log = logging.getLogger("inferix.serve")
 
@@ -67,6 +69,8 @@ def _start_worker(config: MeshConfig, name: str, kvcache: str) -> ServiceProcess
 
 
 def start_mesh(config: MeshConfig) -> Mesh:
+    """Start every service; internal calls carry a fresh random token (INFERIX_INTERNAL_TOKEN)."""
+    config.env.setdefault(INTERNAL_TOKEN_ENV, secrets.token_hex(16))
     started: list[ServiceProcess] = []
     try:
         redis = ["--redis-url", config.redis_url] if config.redis_url else []

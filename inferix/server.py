@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -89,6 +91,89 @@ def add_server_arguments(parser: argparse.ArgumentParser, service: str, default_
     parser.add_argument("--log-level", default=_env(service, "LOG_LEVEL", "INFO"))
 
 
+INTERNAL_TOKEN_ENV = "INFERIX_INTERNAL_TOKEN"
+INTERNAL_TOKEN_HEADER = "x-inferix-internal-token"
+
+
+def internal_token() -> str | None:
+    """The mesh-wide secret of internal calls (scheduler <-> workers <-> kvcache_svc <-> streamer)."""
+    return os.environ.get(INTERNAL_TOKEN_ENV) or None
+
+
+class InternalTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls to internal services that lack the mesh's token (PERMISSION_DENIED).
+
+    With the token set, a client that can reach kvcache_svc or a worker still cannot read another
+    session's latents or drive its blocks. Health checks and reflection stay open for probes.
+    """
+
+    def __init__(self, token: str, protected_prefixes: tuple[str, ...]) -> None:
+        self._token = token.encode()
+        self._protected = protected_prefixes
+
+        async def deny(request: object, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, f"internal call without a valid {INTERNAL_TOKEN_HEADER}"
+            )
+
+        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.stream_unary_rpc_method_handler(deny)
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        if not details.method.startswith(self._protected):
+            return await continuation(details)
+        sent = next((v for k, v in details.invocation_metadata or () if k == INTERNAL_TOKEN_HEADER), "")
+        value = sent.encode() if isinstance(sent, str) else bytes(sent)
+        if hmac.compare_digest(value, self._token):
+            return await continuation(details)
+        handler = await continuation(details)
+        if handler is not None and handler.request_streaming:
+            return self._deny_stream
+        return self._deny_unary
+
+
+def _with_token(details: Any, token: str) -> Any:
+    return details._replace(metadata=grpc.aio.Metadata(*(details.metadata or ()), (INTERNAL_TOKEN_HEADER, token)))
+
+
+class _TokenUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_token(details, self.token), request)
+
+
+class _TokenUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_token(details, self.token), request)
+
+
+class _TokenStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_with_token(details, self.token), requests)
+
+
+class _TokenStreamStream(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_with_token(details, self.token), requests)
+
+
+def token_interceptors(token: str) -> list[Any]:
+    """Client interceptors adding the internal token: one object per call type, because
+    grpc.aio files each interceptor under the first call type it implements only."""
+    return [cls(token) for cls in (_TokenUnaryUnary, _TokenUnaryStream, _TokenStreamUnary, _TokenStreamStream)]
+
+
 def _start_metrics(host: str, port: int) -> int:
     from prometheus_client import start_http_server
 
@@ -101,12 +186,19 @@ async def run_server(
     options: ServerOptions,
     register: Callable[[grpc.aio.Server], Registration],
     interceptors: list[grpc.aio.ServerInterceptor] | None = None,
+    internal_methods: tuple[str, ...] = (),
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain and stop gracefully."""
+    """Serve until SIGTERM/SIGINT, then drain and stop gracefully.
+
+    `internal_methods`: method-name prefixes (e.g. "/inferix.v1.WorkerService/") that require the
+    mesh's internal token when INFERIX_INTERNAL_TOKEN is set.
+    """
     logging.basicConfig(level=options.log_level, format=f"%(asctime)s {service} %(levelname)s %(message)s")
     setup_tracing(f"inferix-{service}")
+    token = internal_token()
+    guard = [InternalTokenInterceptor(token, internal_methods)] if token and internal_methods else []
     server = grpc.aio.server(
-        interceptors=[server_interceptor(), *(interceptors or [])],
+        interceptors=[server_interceptor(), *guard, *(interceptors or [])],
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -153,9 +245,11 @@ def channel(address: str) -> grpc.aio.Channel:
     """An aio channel to another service, with trace propagation and large messages allowed."""
     from inferix.telemetry import client_interceptors
 
+    token = internal_token()
+    extra = token_interceptors(token) if token else []
     return grpc.aio.insecure_channel(
         address,
-        interceptors=client_interceptors(),
+        interceptors=[*client_interceptors(), *extra],
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -71,7 +71,12 @@ async def serve(options: ServerOptions, redis_url: str | None, config: KVCacheCo
     except StoreError as exc:
         raise SystemExit(f"kvcache: cannot use the store: {exc}") from exc
     try:
-        await run_server("kvcache", options, lambda server: add_to_server(server, store, config))
+        await run_server(
+            "kvcache",
+            options,
+            lambda server: add_to_server(server, store, config),
+            internal_methods=("/inferix.v1.KVCacheService/",),
+        )
     finally:
         await store.close()
 

@@ -58,7 +58,13 @@ def main(argv: list[str] | None = None) -> None:
         data_dir = Path(tempfile.mkdtemp(prefix="streamer-", dir=Path.cwd() / "out"))
     data_dir.mkdir(parents=True, exist_ok=True)
     config = StreamerConfig(data_dir=data_dir.resolve(), codec=codec, queue_frames=args.queue_frames)
-    asyncio.run(run_server("streamer", ServerOptions.from_args(args), partial(register, config=config)))
+    # Frame ingest is internal; recordings and stream info are read by clients.
+    internal = ("/inferix.v1.StreamerService/PushFrames", "/inferix.v1.StreamerService/FinishStream")
+    asyncio.run(
+        run_server(
+            "streamer", ServerOptions.from_args(args), partial(register, config=config), internal_methods=internal
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def main() -> None:
 
         return Registration(registration.service_names, drain=drain, on_start=on_start)
 
-    asyncio.run(run_server("worker", options, register))
+    asyncio.run(run_server("worker", options, register, internal_methods=("/inferix.v1.WorkerService/",)))
 
 
 if __name__ == "__main__":

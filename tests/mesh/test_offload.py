@@ -12,6 +12,7 @@ import pytest
 from inferix.api.v1 import worker_pb2, worker_pb2_grpc
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
 from inferix.serve import Mesh, start_mesh
+from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 
 SEEDS = (21, 22)
@@ -30,16 +31,20 @@ def small_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
 
 
 def worker_kv(mesh: Mesh) -> tuple[int, int]:
+    token = ((INTERNAL_TOKEN_HEADER, mesh.config.env[INTERNAL_TOKEN_ENV]),)
     with grpc.insecure_channel(mesh.workers[0].address) as channel:
-        status = worker_pb2_grpc.WorkerServiceStub(channel).GetStatus(worker_pb2.GetStatusRequest(), timeout=10)
+        stub = worker_pb2_grpc.WorkerServiceStub(channel)
+        status = stub.GetStatus(worker_pb2.GetStatusRequest(), timeout=10, metadata=token)
     return status.kv.used_pages, status.kv.host_pages_used
 
 
 def test_paused_sessions_move_to_host_and_resume_unchanged(small_mesh: Mesh) -> None:
     with Client(small_mesh.address, api_key=KEY_A, timeout=60) as client:
-        sessions = [client.create_session("a red ball", num_blocks=BLOCKS, seed=seed, lookahead=64) for seed in SEEDS]
-        interactions = [client.interact(s.session_id) for s in sessions]
-        for interaction in interactions:
+        sessions, interactions = [], []
+        for seed in SEEDS:  # one at a time: a session paused at its first block cannot finish early
+            sessions.append(client.create_session("a red ball", num_blocks=BLOCKS, seed=seed, lookahead=64))
+            interaction = client.interact(sessions[-1].session_id)
+            interactions.append(interaction)
             for event in interaction.events():
                 if isinstance(event, BlockDone) and event.block_index == 0:
                     interaction.pause()

@@ -12,8 +12,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc
 from inferix.client import BlockDone, Client, CommandAccepted, PromptChange, SessionError, StateChanged
 from inferix.serve import Mesh
+from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
 from tests.mesh.conftest import KEY_B, generate_digest, stream_info
 
 
@@ -193,3 +195,20 @@ def test_every_service_answers_health_checks(mesh: Mesh) -> None:
         with grpc.insecure_channel(process.address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING, process.name
+
+
+def test_internal_services_refuse_calls_without_the_mesh_token(client: Client, mesh: Mesh) -> None:
+    info = client.create_session("a red ball", num_blocks=1)
+    list(client.events(info.session_id))
+    request = kvcache_pb2.GetCommittedBlocksRequest(session_id=info.session_id)
+    with grpc.insecure_channel(mesh.kvcache.address) as channel:
+        stub = kvcache_pb2_grpc.KVCacheServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.GetCommittedBlocks(request, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        token = ((INTERNAL_TOKEN_HEADER, mesh.config.env[INTERNAL_TOKEN_ENV]),)
+        assert len(stub.GetCommittedBlocks(request, timeout=10, metadata=token).blocks) == 1
+    with grpc.insecure_channel(mesh.workers[0].address) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            worker_pb2_grpc.WorkerServiceStub(channel).GetStatus(worker_pb2.GetStatusRequest(), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
