@@ -325,10 +325,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     # ---- the dispatch loop --------------------------------------------------------------------
     async def _run(self, record: SessionRecord) -> None:
+        state: int = common_pb2.SESSION_STATE_FAILED
+        reason = "internal error"
         try:
             while not record.worker_address:  # queued: wait for capacity
                 if record.cancel_requested:
-                    record.set_state(common_pb2.SESSION_STATE_CANCELLED, "cancelled while queued")
+                    state, reason = common_pb2.SESSION_STATE_CANCELLED, "cancelled while queued"
                     return
                 if await self._admit(record, exclude=[]):
                     await self._open_on_worker(record)
@@ -336,7 +338,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
                     await record.wait(self.config.admission_retry_s)
             record.set_state(common_pb2.SESSION_STATE_RUNNING, f"running on {record.worker_id}")
             await self._persist(record)
-            await self._dispatch_blocks(record)
+            state, reason = await self._dispatch_blocks(record)
         except Exception as exc:  # a session failure must never take the scheduler down
             log.exception("session %s failed", record.session_id)
             record.error = f"{type(exc).__name__}: {exc}"
@@ -345,11 +347,15 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
                     error=scheduler_pb2.ErrorEvent(code=grpc.StatusCode.INTERNAL.value[0], message=record.error)
                 )
             )
-            record.set_state(common_pb2.SESSION_STATE_FAILED, record.error)
+            state, reason = common_pb2.SESSION_STATE_FAILED, record.error
         finally:
+            # Outputs are finalized (MP4 written) before anyone is told the session ended.
             await self._finish(record)
+            record.set_state(state, reason)
+            await self._persist(record)
 
-    async def _dispatch_blocks(self, record: SessionRecord) -> None:
+    async def _dispatch_blocks(self, record: SessionRecord) -> tuple[int, str]:
+        """Run blocks until the session ends; returns its final state and the reason."""
         spec = record.spec
         schedule = {c.at_block: c for c in spec.prompts}
         preset = self._presets[spec.model]
@@ -358,11 +364,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         recoveries = 0
         while True:
             if record.cancel_requested:
-                record.set_state(common_pb2.SESSION_STATE_CANCELLED, "cancelled by the client")
-                return
+                return common_pb2.SESSION_STATE_CANCELLED, "cancelled by the client"
             if record.stop_requested or (record.valid.num_blocks and record.next_block >= record.valid.num_blocks):
-                record.set_state(common_pb2.SESSION_STATE_COMPLETED, "stopped" if record.stop_requested else "done")
-                return
+                return common_pb2.SESSION_STATE_COMPLETED, "stopped" if record.stop_requested else "done"
             if record.paused_since is not None:
                 await record.wait(None)
                 continue
@@ -443,7 +447,6 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
             except grpc.aio.AioRpcError as exc:
                 log.warning("closing %s on %s failed: %s", record.session_id, record.worker_id, exc.details())
             await self._release(record)
-        await self._persist(record)
         self._tasks.pop(record.session_id, None)
 
     async def drain(self) -> None:
