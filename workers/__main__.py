@@ -44,6 +44,13 @@ def parse_args() -> argparse.Namespace:
         help="address the scheduler uses to reach this worker (default: HOST:PORT)",
     )
     parser.add_argument("--threads", type=int, default=int(env("INFERIX_THREADS", "0")), help="torch CPU threads")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=Path(env("INFERIX_PROFILE_DIR", "")) if env("INFERIX_PROFILE_DIR") else None,
+        metavar="DIR",
+        help="profile every block and write the report to DIR on shutdown (env INFERIX_PROFILE_DIR)",
+    )
     return parser.parse_args()
 
 
@@ -60,7 +67,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     model = load_model(args.model, dtype=dtype, device=args.device)
-    config = WorkerConfig(args.worker_id, args.kvcache, args.kv_pages)
+    config = WorkerConfig(args.worker_id, args.kvcache, args.kv_pages, profile_dir=args.profile)
     options = ServerOptions.from_args(args)
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -71,6 +78,7 @@ def main() -> None:
         registration = add_to_server(server, service)
 
         async def on_start(port: int) -> None:
+            service.start_profiler()
             address = args.advertise_address or f"{options.host}:{port}"
             tasks.append(asyncio.create_task(service.register_and_heartbeat(address, stop)))
 

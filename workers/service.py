@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,6 +31,7 @@ from inferix.api.v1 import (
     worker_pb2_grpc,
 )
 from inferix.errors import UserError
+from inferix.profiling import Profiler
 from inferix.server import Registration, channel
 from inferix.telemetry import tracer
 from workers import metrics
@@ -51,6 +53,8 @@ class WorkerConfig:
     kvcache_address: str
     kv_pages: int
     heartbeat_interval_s: float = 2.0
+    # Write a profiler report (every block of every session, engine regions) here on shutdown.
+    profile_dir: Path | None = None
 
 
 @dataclass
@@ -102,6 +106,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.kvcache = kvcache_pb2_grpc.KVCacheServiceStub(channel(config.kvcache_address))
         self._streamers: dict[str, streamer_pb2_grpc.StreamerServiceStub] = {}
         self._sequence = 0
+        self.profiler = Profiler(
+            enabled=config.profile_dir is not None, fps=model.fps, label=f"worker {config.worker_id}"
+        )
+        self._blocks_run = 0  # the profiler numbers blocks across sessions
 
     # ---- RPCs ---------------------------------------------------------------------------------
     async def OpenSession(self, request: worker_pb2.OpenSessionRequest, context: Any) -> worker_pb2.OpenSessionResponse:
@@ -160,7 +168,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             ):
                 try:
                     async with self.engine_lock:
-                        block = await asyncio.to_thread(video.next_block)
+                        self._blocks_run += 1
+                        with self.profiler.block(self._blocks_run - 1, session=request.session_id) as scope:
+                            block = await asyncio.to_thread(video.next_block)
+                            scope.pixel_frames = block.frames.shape[0]
                 except KVCapacityError as exc:
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
                 await self._publish(session, request.session_id, block)
@@ -343,10 +354,18 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
 
+    def start_profiler(self) -> None:
+        if self.profiler.enabled:
+            self.profiler.add_gauge("kv_pool", lambda: {"used_pages": float(self.pool.usage().used_pages)})
+            self.profiler.start()
+
     async def drain(self) -> None:
         """Wait for the block in flight (it gets published and committed), then stop."""
         async with self.engine_lock:
-            pass
+            if self.profiler.enabled and self.config.profile_dir is not None:
+                self.profiler.stop()
+                self.profiler.write(self.config.profile_dir)
+                log.info("profile written to %s", self.config.profile_dir)
 
 
 def add_to_server(server: grpc.aio.Server, service: WorkerService) -> Registration:

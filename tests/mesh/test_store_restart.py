@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,10 @@ def test_redis_and_kvcache_restart_mid_session(tmp_path: Path) -> None:
     redis_dir = tmp_path / "redis"
     redis_dir.mkdir()
     redis = start_redis_server(redis_dir, persistent=True)
-    mesh = start_mesh(mesh_config(tmp_path / "mesh", workers=1, redis_url=redis.url(db=0), lookahead=64))
+    profile_dir = tmp_path / "worker-profile"  # the worker profiles every block, written on SIGTERM
+    config = mesh_config(tmp_path / "mesh", workers=1, redis_url=redis.url(db=0), lookahead=64)
+    config.env["INFERIX_PROFILE_DIR"] = str(profile_dir)
+    mesh = start_mesh(config)
     try:
         with Client(mesh.address, api_key=KEY_A, timeout=120) as client:
             info = client.create_session("a red ball", num_blocks=6, seed=31)
@@ -48,3 +52,6 @@ def test_redis_and_kvcache_restart_mid_session(tmp_path: Path) -> None:
         redis.stop()
     if any(codes.values()):
         pytest.fail(f"services exited with {codes}")
+    report = json.loads((profile_dir / "profile-rank0.json").read_text())
+    assert report["summary"]["blocks"] == 6
+    assert {"denoise_step", "context_pass", "vae_decode"} <= {r["name"] for r in report["regions"]}
