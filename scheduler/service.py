@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -33,6 +33,7 @@ from inferix.store import Store, StoreUnavailableError
 from inferix.telemetry import tracer
 from scheduler import metrics
 from scheduler.auth import ApiKeys, Unauthenticated
+from scheduler.playback import Playback
 from scheduler.sessions import STATE_NAMES, PendingPrompt, SessionRecord
 from scheduler.validation import InvalidRequest, check_prompt_text, validate_spec
 from workers.engine.presets import ModelPreset, load_preset
@@ -53,6 +54,8 @@ class SchedulerConfig:
     internal_deadline_s: float = 30.0
     max_recoveries: int = 3
     admission_retry_s: float = 1.0
+    # Playback URLs (WebRTC page, RTMP) and the session announcement to the streamer.
+    playback: Playback = field(default_factory=Playback)
 
 
 class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -119,7 +122,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.CreateSessionResponse:
         principal = await self._principal(context)
         try:
-            valid = validate_spec(request.spec, await self._served_models(), self.config.default_lookahead)
+            valid = validate_spec(
+                request.spec, await self._served_models(), self.config.default_lookahead, self.config.playback.outputs
+            )
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
@@ -134,7 +139,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
             session_id,
             principal,
             valid,
-            common_pb2.PlaybackUrls(mp4=f"grpc://{streamer}/recordings/{session_id}.mp4"),
+            self.config.playback.open(session_id, streamer, valid.spec),
         )
         with tracer("inferix.scheduler").start_as_current_span("scheduler.create_session") as span:
             span.set_attribute("session.id", session_id)

@@ -18,6 +18,14 @@ MAX_BLOCKS = 100_000
 MAX_LOOKAHEAD = 64
 
 
+# What an operator does to enable an output that a session asked for.
+_OUTPUT_HINTS = {
+    "rtmp": "start the scheduler with --rtmp-play-url (`inferix serve` does when nginx with the RTMP module "
+    "is installed: apt-get install nginx libnginx-mod-rtmp)",
+    "webrtc": "start the scheduler with --viewer-page-url and a viewer secret (`inferix serve` does)",
+}
+
+
 class InvalidRequest(UserError):
     """A request field is invalid (INVALID_ARGUMENT)."""
 
@@ -41,8 +49,14 @@ class ValidSpec:
     lookahead: int
 
 
-def validate_spec(spec: common_pb2.SessionSpec, presets: dict[str, ModelPreset], default_lookahead: int) -> ValidSpec:
-    """Check a CreateSession spec against the models served; fill defaults (resolution, lookahead)."""
+def validate_spec(
+    spec: common_pb2.SessionSpec,
+    presets: dict[str, ModelPreset],
+    default_lookahead: int,
+    outputs: frozenset[str] = frozenset({"mp4"}),
+) -> ValidSpec:
+    """Check a CreateSession spec against the models served and the `outputs` this server has enabled;
+    fill defaults (resolution, lookahead)."""
     if not spec.model:
         raise InvalidRequest(f"spec.model: required; served models: {sorted(presets) or 'none yet'}")
     preset = presets.get(spec.model)
@@ -77,6 +91,9 @@ def validate_spec(spec: common_pb2.SessionSpec, presets: dict[str, ModelPreset],
         previous = change.at_block
     if spec.lookahead > MAX_LOOKAHEAD:
         raise InvalidRequest(f"spec.lookahead: {spec.lookahead} is above the limit {MAX_LOOKAHEAD} (0 = default)")
-    if spec.outputs.rtmp or spec.outputs.webrtc:
-        raise InvalidRequest("spec.outputs: rtmp and webrtc are not enabled on this server; mp4 is")
+    for name, hint in _OUTPUT_HINTS.items():
+        if getattr(spec.outputs, name) and name not in outputs:
+            raise InvalidRequest(
+                f"spec.outputs.{name}: not enabled on this server (enabled: {', '.join(sorted(outputs))}); {hint}"
+            )
     return ValidSpec(filled, shape, num_blocks, spec.lookahead or default_lookahead)

@@ -2,7 +2,10 @@
 # System packages the test suite and the demo need (Debian/Ubuntu). Idempotent: skips what is there.
 set -euo pipefail
 
-packages=(ffmpeg chromium redis-server)
+# ffmpeg: ffprobe checks recordings and plays RTMP; chromium: the viewer-page tests and bench/streamer.py
+# (driven by Playwright, never a downloaded browser); nginx + libnginx-mod-rtmp: the local RTMP server
+# `inferix serve` and the RTMP tests start as a child process with a generated config.
+packages=(ffmpeg chromium redis-server nginx libnginx-mod-rtmp)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

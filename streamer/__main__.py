@@ -1,17 +1,34 @@
-"""`python -m streamer`: run the Streamer service (frame ingest, H.264 encode, MP4 recordings)."""
+"""`python -m streamer`: run the Streamer service (frame ingest, H.264 encode, MP4, RTMP push, WebRTC viewers).
+
+Besides gRPC (and metrics) the streamer serves HTTP (`--http-port`): the viewer page, WHEP and the
+page's JSON API. Its port goes into the port file as "http", next to "grpc" and "metrics": the
+gRPC bootstrap writes its file to a side path, and once HTTP listens the full file is written
+atomically where `--port-file` says, so a launcher that sees the file sees every port.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import tempfile
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 
-from inferix.server import ServerOptions, add_server_arguments, run_server
+import grpc
+
+from inferix.errors import UserError
+from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
+from inferix.viewer_token import SECRET_ENV, ViewerTokens, load_viewer_tokens
+from streamer.control import SchedulerControl
 from streamer.encoder import ENCODER_CHOICES, LIBX264, resolve_encoder
-from streamer.service import StreamerConfig, register
+from streamer.link import LinkHub
+from streamer.live import LiveConfig
+from streamer.pacing import PacingConfig, UnderrunPolicy
+from streamer.rtmp import RtmpConfig
+from streamer.service import StreamerConfig, StreamerService, register
+from streamer.web import ViewerServer
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,7 +57,93 @@ def _parser() -> argparse.ArgumentParser:
         default=48,
         help="frames buffered per session between ingest and encoder; a full queue slows that session's pushes",
     )
+    env = os.environ.get
+    live = parser.add_argument_group("live outputs (RTMP push, WebRTC viewers)")
+    http_port = env("INFERIX_STREAMER_HTTP_PORT")
+    live.add_argument(
+        "--http-port",
+        type=int,
+        default=int(http_port) if http_port else None,
+        help="viewer page, WHEP and the page API on this port (0 = any free port, -1 = off; "
+        "env INFERIX_STREAMER_HTTP_PORT; default 8088, or any free port when --port is 0)",
+    )
+    live.add_argument(
+        "--rtmp-url",
+        default=env("INFERIX_STREAMER_RTMP_URL", ""),
+        help="RTMP application to push sessions that ask for it to, as <url>/<session id> "
+        "(e.g. rtmp://127.0.0.1:1935/live; env INFERIX_STREAMER_RTMP_URL; default: no RTMP)",
+    )
+    live.add_argument(
+        "--scheduler",
+        default=env("INFERIX_SCHEDULER_ADDRESS", ""),
+        help="scheduler API address for the viewer page's commands (default: the one the scheduler announces)",
+    )
+    live.add_argument(
+        "--viewer-secret-file",
+        type=Path,
+        default=None,
+        help=f"secret shared with the scheduler that signs viewer tokens (or env {SECRET_ENV}); "
+        "without one the viewer page and WHEP answer 503",
+    )
+    live.add_argument(
+        "--jitter-buffer-ms",
+        type=float,
+        default=float(env("INFERIX_STREAMER_JITTER_BUFFER_MS", "100")),
+        help="live output starts this long after the first frame arrives (default %(default)g)",
+    )
+    live.add_argument(
+        "--underrun-policy",
+        choices=[p.value for p in UnderrunPolicy],
+        default=env("INFERIX_STREAMER_UNDERRUN_POLICY", UnderrunPolicy.HOLD.value),
+        help="when generation falls behind: hold (viewers keep the last frame, timestamps follow the clock) "
+        "or stall (timestamps stay continuous, players re-buffer) (default %(default)s)",
+    )
+    live.add_argument(
+        "--max-backlog-s",
+        type=float,
+        default=60.0,
+        help="seconds of video the live outputs may hold ahead; beyond it they skip to a keyframe",
+    )
+    live.add_argument("--max-viewers", type=int, default=16, help="WebRTC viewers per session (default 16)")
     return parser
+
+
+@dataclass
+class _HttpFront:
+    """Starts the HTTP server once gRPC listens and writes the complete port file."""
+
+    service: StreamerService
+    control: SchedulerControl
+    tokens: ViewerTokens | None
+    host: str
+    http_port: int
+    grpc_port_file: Path | None  # where run_server wrote {"grpc", "metrics"}
+    port_file: Path | None  # where the launcher waits for {"grpc", "metrics", "http"}
+    server: ViewerServer | None = None
+
+    async def start(self, grpc_port: int) -> None:
+        ports: dict[str, int | None] = {"grpc": grpc_port, "metrics": None}
+        if self.grpc_port_file is not None:
+            ports.update(json.loads(self.grpc_port_file.read_text()))
+            self.grpc_port_file.unlink()
+        if self.http_port >= 0:
+            self.server = ViewerServer(self.service.live, self.control, self.tokens)
+            try:
+                ports["http"] = await self.server.start(self.host, self.http_port)
+            except OSError as exc:
+                raise SystemExit(
+                    f"streamer: cannot serve HTTP on {self.host}:{self.http_port}: {exc.strerror}"
+                ) from exc
+        if self.port_file is not None:
+            tmp = self.port_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(ports))
+            tmp.replace(self.port_file)
+
+    async def drain(self) -> None:
+        await self.service.drain()
+        if self.server is not None:
+            await self.server.stop()
+        await self.control.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,14 +160,51 @@ def main(argv: list[str] | None = None) -> None:
         (Path.cwd() / "out").mkdir(exist_ok=True)
         data_dir = Path(tempfile.mkdtemp(prefix="streamer-", dir=Path.cwd() / "out"))
     data_dir.mkdir(parents=True, exist_ok=True)
-    config = StreamerConfig(data_dir=data_dir.resolve(), codec=codec, queue_frames=args.queue_frames)
-    # Frame ingest is internal; recordings and stream info are read by clients.
-    internal = ("/inferix.v1.StreamerService/PushFrames", "/inferix.v1.StreamerService/FinishStream")
-    asyncio.run(
-        run_server(
-            "streamer", ServerOptions.from_args(args), partial(register, config=config), internal_methods=internal
-        )
+    if args.max_viewers < 1:
+        parser.error("--max-viewers must be at least 1")
+    if args.rtmp_url and not args.rtmp_url.startswith(("rtmp://", "rtmps://")):
+        parser.error(f"--rtmp-url must start with rtmp:// or rtmps://, got {args.rtmp_url!r}")
+    try:
+        tokens = load_viewer_tokens(args.viewer_secret_file)
+    except UserError as exc:
+        parser.error(str(exc))
+    pacing = PacingConfig(args.jitter_buffer_ms / 1e3, UnderrunPolicy(args.underrun_policy), args.max_backlog_s)
+    live = LiveConfig(pacing, RtmpConfig(args.rtmp_url) if args.rtmp_url else None, args.max_viewers)
+    config = StreamerConfig(data_dir=data_dir.resolve(), codec=codec, queue_frames=args.queue_frames, live=live)
+    if args.http_port is None:
+        args.http_port = 0 if args.port == 0 else 8088
+    options = ServerOptions.from_args(args)
+    port_file = options.port_file
+    if port_file is not None:
+        options.port_file = port_file.with_name(port_file.name + ".grpc")
+    asyncio.run(_serve(config, options, tokens, args.scheduler, args.http_port, port_file))
+
+
+async def _serve(
+    config: StreamerConfig,
+    options: ServerOptions,
+    tokens: ViewerTokens | None,
+    scheduler: str,
+    http_port: int,
+    port_file: Path | None,
+) -> None:
+    control = SchedulerControl(scheduler, fixed=bool(scheduler))
+    service = StreamerService(config, LinkHub(control))
+    front = _HttpFront(service, control, tokens, options.host, http_port, options.port_file, port_file)
+
+    def setup(server: grpc.aio.Server) -> Registration:
+        registration = register(server, service)
+        registration.on_start = front.start
+        registration.drain = front.drain
+        return registration
+
+    # Frame ingest and the scheduler link are internal; recordings and stream info are read by clients.
+    internal = (
+        "/inferix.v1.StreamerService/PushFrames",
+        "/inferix.v1.StreamerService/FinishStream",
+        "/inferix.v1.StreamerService/Link",
     )
+    await run_server("streamer", options, setup, internal_methods=internal)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,13 @@ def _format_name(value: int) -> str:
         return f"unknown value {value}"
 
 
+def valid_session_id(session_id: str) -> bool:
+    """Whether `session_id` can name a session (file names, RTMP stream keys, URL path segments)."""
+    return _SESSION_ID.fullmatch(session_id) is not None
+
+
 def _check_session_id(session_id: str) -> None:
-    if not _SESSION_ID.fullmatch(session_id):
+    if not valid_session_id(session_id):
         raise FrameRejected(
             "session_id",
             f"frame.session_id must be 1-128 characters of [A-Za-z0-9._-] not starting with '.', got {session_id!r}",

@@ -8,8 +8,10 @@ the encoder's buffer lifetimes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
+
+from opentelemetry.context import Context
 
 # 1001 covers the NTSC rates (30000/1001); model rates (16, 24) are integers anyway.
 _MAX_RATE_DENOMINATOR = 1001
@@ -45,6 +47,10 @@ class EncodedPacket:
 
     Timestamps are in `StreamFormat.time_base` ticks, i.e. frame indices. The encoder emits no
     B-frames (low-latency tuning), so `dts == pts` and packets arrive in presentation order.
+    `block_index` and `trace_context` say which generated block the frame came from and the trace
+    of the push that delivered it, so outputs can report per block (the `streamer.publish` span);
+    `received_s` is when ingest accepted the frame, which anchors the live clock (so the encoder's
+    start-up time on the first frame is absorbed by the jitter buffer, not added to every frame).
     """
 
     data: bytes
@@ -52,3 +58,20 @@ class EncodedPacket:
     dts: int
     duration: int
     keyframe: bool
+    block_index: int = 0
+    trace_context: Context | None = field(default=None, compare=False, repr=False)
+    received_s: float | None = None  # time.monotonic() when ingest accepted the frame
+
+
+@dataclass(frozen=True)
+class LivePacket:
+    """A packet released by the pacer to the live outputs, with its place on the live timeline.
+
+    `live_s` is the presentation time in seconds since the session's live output started: wall-clock
+    based (gaps where generation fell behind) under the `hold` policy, frame-index based under `stall`.
+    RTMP turns it into FLV milliseconds and WebRTC into 90 kHz RTP ticks, so every output shows a
+    frame when it was released, not when it was generated.
+    """
+
+    packet: EncodedPacket
+    live_s: float

@@ -1,7 +1,9 @@
 """The gRPC face of the streamer: `inferix.v1.StreamerService` on top of `StreamSession`s.
 
 Handlers only translate: protobuf in, a session call, protobuf or a status code out. Every
-refusal is a `StreamerError` subclass and maps to exactly one status code here.
+refusal is a `StreamerError` subclass and maps to exactly one status code here. The live side of
+each session (pacing, RTMP, WebRTC) is in the `LiveRegistry`, shared with the HTTP server
+(`streamer.web`); the scheduler's link (`Link`) announces sessions and hears output events.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from streamer.errors import (
     StreamerError,
 )
 from streamer.ingest import Admission, IngestState, first_frame_format
+from streamer.link import LinkHub
+from streamer.live import LiveConfig, LiveRegistry
 from streamer.metrics import FRAMES_DUPLICATE, FRAMES_RECEIVED, FRAMES_REJECTED, SESSIONS_ACTIVE
 from streamer.session import StreamSession
 
@@ -51,6 +55,7 @@ class StreamerConfig:
     codec: str = LIBX264  # a resolved encoder name (see encoder.resolve_encoder)
     queue_frames: int = 48  # frames buffered per session between ingest and encoder (4 Wan blocks)
     chunk_bytes: int = 256 * 1024  # GetRecording chunk size; well below gRPC's default 4 MiB receive limit
+    live: LiveConfig = LiveConfig()  # pacing, RTMP push, viewers
 
 
 def _reason(error: StreamerError) -> str:
@@ -68,8 +73,11 @@ async def _abort(context: grpc.aio.ServicerContext, error: StreamerError, suffix
 class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
     """Frame ingest, encode and recordings for many concurrent sessions (state is in memory)."""
 
-    def __init__(self, config: StreamerConfig) -> None:
+    def __init__(self, config: StreamerConfig, link: LinkHub) -> None:
         self.config = config
+        self.link = link
+        self.live = LiveRegistry(config.live, link.report)
+        link.registry = self.live
         self._sessions: dict[str, StreamSession] = {}
         SESSIONS_ACTIVE.set_function(self._active_sessions)
 
@@ -88,7 +96,9 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
         session = self._sessions.get(frame.session_id)
         if session is None:
             ingest = IngestState(frame.session_id, first_frame_format(frame))
-            session = StreamSession.open(ingest, self.config.data_dir, self.config.codec, self.config.queue_frames)
+            live = self.live.get_or_create(frame.session_id)
+            config = self.config
+            session = StreamSession.open(ingest, config.data_dir, config.codec, config.queue_frames, live)
             self._sessions[frame.session_id] = session
             log.info("session %s opened: %dx%d at %g fps", frame.session_id, frame.width, frame.height, frame.fps)
         return session
@@ -145,6 +155,7 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             fps=fmt.fps,
             finished=session.finalized,
             frames_sha256=session.frames_digest.hexdigest(),
+            live=self.live.get_or_create(session.session_id).to_proto(),
         )
 
     async def GetRecording(
@@ -158,8 +169,16 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             while chunk := await asyncio.to_thread(file.read, self.config.chunk_bytes):
                 yield streamer_pb2.GetRecordingResponse(chunk=chunk)
 
+    async def Link(
+        self, request_iterator: AsyncIterator[streamer_pb2.LinkRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[streamer_pb2.LinkResponse]:
+        async for event in self.link.serve(request_iterator):
+            yield event
+
     async def drain(self) -> None:
-        """On shutdown, finalize every open session so the frames received so far are a playable MP4."""
+        """On shutdown: stop the live outputs now, then finalize every open session's MP4."""
+        self.link.close()
+        await self.live.shutdown()
         open_sessions = [session for session in self._sessions.values() if not session.finalized]
         if open_sessions:
             log.info("finalizing %d open session(s) before exit", len(open_sessions))
@@ -169,9 +188,11 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
                 log.error("session %s could not be finalized: %s", session.session_id, result)
 
 
-def register(server: grpc.aio.Server, config: StreamerConfig) -> Registration:
+def register(server: grpc.aio.Server, service: StreamerService) -> Registration:
     """Add the streamer to `server` (the `register` callback of `inferix.server.run_server`)."""
+    config = service.config
     log.info("encoding with %s; recordings go to %s", config.codec, config.data_dir)
-    service = StreamerService(config)
+    rtmp = config.live.rtmp
+    log.info("rtmp push: %s", f"{rtmp.url}/<session> (sessions that ask for it)" if rtmp else "off (no --rtmp-url)")
     streamer_pb2_grpc.add_StreamerServiceServicer_to_server(service, server)
     return Registration([SERVICE_NAME], drain=service.drain)

@@ -17,6 +17,7 @@ from opentelemetry import context as otel_context
 from inferix.api.v1 import streamer_pb2
 from streamer.errors import EncoderFailed, RecordingNotReady
 from streamer.ingest import Admission, IngestState
+from streamer.live import LiveSession
 from streamer.sinks import Mp4Recorder
 from streamer.stream import EncodedStream, RawFrame
 
@@ -34,11 +35,15 @@ class StreamSession:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
-    def open(cls, ingest: IngestState, data_dir: Path, codec: str, queue_frames: int) -> StreamSession:
-        """Start the session's encoder with the MP4 recorder as its first output."""
+    def open(
+        cls, ingest: IngestState, data_dir: Path, codec: str, queue_frames: int, live: LiveSession | None = None
+    ) -> StreamSession:
+        """Start the session's encoder with the MP4 recorder and, when given, the live pacer as outputs."""
         stream = EncodedStream(ingest.session_id, ingest.format, codec=codec, queue_frames=queue_frames)
         recorder = Mp4Recorder(data_dir / f"{ingest.session_id}.mp4", ingest.format)
         stream.attach(recorder)
+        if live is not None:
+            stream.attach(live.open(ingest.format))
         return cls(ingest, stream, recorder)
 
     @property

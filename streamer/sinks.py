@@ -1,9 +1,10 @@
 """Outputs of an encoded stream: the `PacketSink` protocol and the MP4 recorder.
 
 A sink receives every packet of a session after it was attached, in order, on the session's
-encoder thread. `write` must return quickly: a sink that does network I/O (RTMP push, WebRTC
-viewers) hands packets to its own bounded queue and drops, rather than blocks, when it falls
-behind — a slow output never stalls the encoder, and therefore never stalls generation. A sink
+encoder thread. `write` must return quickly: the live pacer (which feeds the RTMP push and the
+WebRTC viewers) only hands packets over to the event loop, and each network output has its own
+bounded queue and drops, rather than blocks, when it falls behind — a slow output never stalls the
+encoder, and therefore never stalls generation. A sink
 that joins mid-stream starts at the next packet; one that needs a decodable start waits for
 `packet.keyframe` (SPS/PPS travel in-band with every keyframe).
 """

@@ -3,8 +3,8 @@
 Ingest (gRPC handlers on the event loop) only validates and enqueues; a bounded queue carries
 frames to one encoder thread per session, so a busy encoder delays its own session's pushes
 (backpressure through gRPC flow control) and never the event loop or other sessions. The encoder
-thread hands each packet to every attached `PacketSink` — the MP4 recorder now, RTMP push and
-WebRTC viewers later — so one encode feeds all outputs.
+thread hands each packet to every attached `PacketSink` — the MP4 recorder and the live pacer
+(which feeds the RTMP push and the WebRTC viewers) — so one encode feeds all outputs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -42,6 +42,7 @@ class RawFrame:
     block_index: int
     data: bytes
     trace_context: Context  # of the push that delivered it: the parent of its block's encode span
+    received_s: float = field(default_factory=time.monotonic)  # when ingest accepted it (anchors live pacing)
 
 
 @dataclass
@@ -156,7 +157,12 @@ class EncodedStream:
             self._end_block()
             block = self._block = _BlockSpan(frame.block_index, frame.trace_context, frame.index, time.time_ns())
         started = time.perf_counter()
-        packets = encoder.encode(frame.data, frame.index)
+        packets = [
+            replace(
+                packet, block_index=frame.block_index, trace_context=frame.trace_context, received_s=frame.received_s
+            )
+            for packet in encoder.encode(frame.data, frame.index)
+        ]
         seconds = time.perf_counter() - started
         ENCODE_SECONDS.observe(seconds)
         block.frames += 1

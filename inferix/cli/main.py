@@ -17,6 +17,7 @@ _COMMAND_MODULES = [
     "inferix.cli.serve",
     "inferix.cli.session",
     "inferix.cli.profile",
+    "inferix.cli.lvbench",
 ]
 
 

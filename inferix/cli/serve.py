@@ -32,11 +32,24 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--api-keys-file", type=Path, default=None, help="require API keys (one per line)")
     parser.add_argument("--lookahead", type=int, default=2, help="blocks generated ahead of playback (default 2)")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and recordings (default: a temp dir)")
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=8088,
+        help="viewer pages (WebRTC) and WHEP on this port (0 = any; default 8088)",
+    )
+    parser.add_argument(
+        "--rtmp",
+        default="auto",
+        help="RTMP output: auto (start a local nginx with the RTMP module when installed), off, "
+        "or the rtmp:// application URL of your own server (default auto)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from inferix.launch import ServiceStartError
+    from inferix.rtmp import RtmpServerError
     from inferix.serve import MeshConfig, start_mesh
 
     if args.workers < 1:
@@ -54,16 +67,26 @@ def run(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         api_keys_file=args.api_keys_file,
         lookahead=args.lookahead,
+        http_port=args.http_port,
+        rtmp=args.rtmp,
     )
+    if args.rtmp not in ("auto", "off") and not args.rtmp.startswith(("rtmp://", "rtmps://")):
+        raise UserError(f"--rtmp must be auto, off or an rtmp:// URL, got {args.rtmp!r}")
     print(f"starting Inferix ({args.workers} worker(s), model {args.model or 'tiny (built-in)'}) ...", flush=True)
     try:
         mesh = start_mesh(config)
-    except ServiceStartError as exc:
+    except (ServiceStartError, RtmpServerError) as exc:
         raise UserError(str(exc).splitlines()[0] + f" (logs in {workdir})") from exc
     print(
         f"scheduler   {mesh.scheduler.address}   <- clients: inferix session --server {mesh.scheduler.address} ...\n"
         f"streamer    {mesh.streamer.address}\n"
-        f"kvcache     {mesh.kvcache.address}\n"
+        f"viewer      {mesh.viewer_url}/watch/<session>   <- each session's webrtc_page URL (with its token)\n"
+        + (
+            f"rtmp        {mesh.rtmp_url}/<session>   <- sessions with outputs.rtmp: ffplay -rtmp_live live URL\n"
+            if mesh.rtmp_url
+            else f"rtmp        {mesh.rtmp_note}\n"
+        )
+        + f"kvcache     {mesh.kvcache.address}\n"
         + "".join(f"{w.name:<11} {w.address}\n" for w in mesh.workers)
         + "metrics     "
         + " ".join(f"{p.name}:{p.metrics_port}" for p in mesh.processes() if p.metrics_port)
@@ -79,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     try:
         while not stopping:
-            dead = [p.name for p in mesh.processes() if not p.alive()]
+            dead = [p.name for p in mesh.children() if not p.alive()]
             if dead:
                 print(f"service(s) exited: {', '.join(dead)}; stopping (logs in {workdir})", flush=True)
                 break

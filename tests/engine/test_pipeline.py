@@ -114,7 +114,7 @@ def test_video_continuation_from_initial_latents() -> None:
         block = s.generate_block()
     assert block.start_frame == 4 and block.index == 0
     with pytest.raises(ValueError, match="multiple of num_frame_per_block=2"):
-        pipeline.open_session(prompt(0), LATENT_H, LATENT_W, initial_latents=init[:, :3])
+        pipeline.open_session(prompt(0), LATENT_H, LATENT_W, num_blocks=1, initial_latents=init[:, :3])
 
 
 def test_unbounded_session_with_a_window_runs_past_its_pool_size() -> None:

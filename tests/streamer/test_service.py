@@ -252,5 +252,15 @@ def test_help_lists_the_streamer_options() -> None:
         [sys.executable, "-m", "streamer", "--help"], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
-    for option in ("--data-dir", "--encoder", "--port-file", "--metrics-port"):
+    for option in (
+        "--data-dir",
+        "--encoder",
+        "--port-file",
+        "--metrics-port",
+        "--http-port",
+        "--rtmp-url",
+        "--viewer-secret-file",
+        "--jitter-buffer-ms",
+        "--underrun-policy",
+    ):
         assert option in result.stdout, option

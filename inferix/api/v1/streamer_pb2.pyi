@@ -1,3 +1,4 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -10,8 +11,17 @@ class PixelFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PIXEL_FORMAT_UNSPECIFIED: _ClassVar[PixelFormat]
     PIXEL_FORMAT_RGB24: _ClassVar[PixelFormat]
+
+class OutputEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTPUT_EVENT_KIND_UNSPECIFIED: _ClassVar[OutputEventKind]
+    OUTPUT_EVENT_KIND_ERROR: _ClassVar[OutputEventKind]
+    OUTPUT_EVENT_KIND_RECOVERED: _ClassVar[OutputEventKind]
 PIXEL_FORMAT_UNSPECIFIED: PixelFormat
 PIXEL_FORMAT_RGB24: PixelFormat
+OUTPUT_EVENT_KIND_UNSPECIFIED: OutputEventKind
+OUTPUT_EVENT_KIND_ERROR: OutputEventKind
+OUTPUT_EVENT_KIND_RECOVERED: OutputEventKind
 
 class VideoFrame(_message.Message):
     __slots__ = ("session_id", "block_index", "frame_index", "width", "height", "format", "data", "fps")
@@ -66,7 +76,7 @@ class GetStreamInfoRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class GetStreamInfoResponse(_message.Message):
-    __slots__ = ("session_id", "frames", "width", "height", "fps", "finished", "frames_sha256")
+    __slots__ = ("session_id", "frames", "width", "height", "fps", "finished", "frames_sha256", "live")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
     WIDTH_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +84,7 @@ class GetStreamInfoResponse(_message.Message):
     FPS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FRAMES_SHA256_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     frames: int
     width: int
@@ -81,7 +92,86 @@ class GetStreamInfoResponse(_message.Message):
     fps: float
     finished: bool
     frames_sha256: str
-    def __init__(self, session_id: _Optional[str] = ..., frames: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., fps: _Optional[float] = ..., finished: _Optional[bool] = ..., frames_sha256: _Optional[str] = ...) -> None: ...
+    live: LiveStats
+    def __init__(self, session_id: _Optional[str] = ..., frames: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., fps: _Optional[float] = ..., finished: _Optional[bool] = ..., frames_sha256: _Optional[str] = ..., live: _Optional[_Union[LiveStats, _Mapping]] = ...) -> None: ...
+
+class LiveStats(_message.Message):
+    __slots__ = ("frames_out", "underruns", "underrun_seconds", "time_to_first_frame_ms", "backlog_frames", "viewers", "rtmp_state", "rtmp_error", "rtmp_connects", "dropped_frames", "frames_sent")
+    class DroppedFramesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class FramesSentEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    FRAMES_OUT_FIELD_NUMBER: _ClassVar[int]
+    UNDERRUNS_FIELD_NUMBER: _ClassVar[int]
+    UNDERRUN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIME_TO_FIRST_FRAME_MS_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    VIEWERS_FIELD_NUMBER: _ClassVar[int]
+    RTMP_STATE_FIELD_NUMBER: _ClassVar[int]
+    RTMP_ERROR_FIELD_NUMBER: _ClassVar[int]
+    RTMP_CONNECTS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_SENT_FIELD_NUMBER: _ClassVar[int]
+    frames_out: int
+    underruns: int
+    underrun_seconds: float
+    time_to_first_frame_ms: float
+    backlog_frames: int
+    viewers: int
+    rtmp_state: str
+    rtmp_error: str
+    rtmp_connects: int
+    dropped_frames: _containers.ScalarMap[str, int]
+    frames_sent: _containers.ScalarMap[str, int]
+    def __init__(self, frames_out: _Optional[int] = ..., underruns: _Optional[int] = ..., underrun_seconds: _Optional[float] = ..., time_to_first_frame_ms: _Optional[float] = ..., backlog_frames: _Optional[int] = ..., viewers: _Optional[int] = ..., rtmp_state: _Optional[str] = ..., rtmp_error: _Optional[str] = ..., rtmp_connects: _Optional[int] = ..., dropped_frames: _Optional[_Mapping[str, int]] = ..., frames_sent: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class LinkRequest(_message.Message):
+    __slots__ = ("hello", "session")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    hello: LinkHello
+    session: SessionAnnouncement
+    def __init__(self, hello: _Optional[_Union[LinkHello, _Mapping]] = ..., session: _Optional[_Union[SessionAnnouncement, _Mapping]] = ...) -> None: ...
+
+class LinkHello(_message.Message):
+    __slots__ = ("scheduler_address",)
+    SCHEDULER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    scheduler_address: str
+    def __init__(self, scheduler_address: _Optional[str] = ...) -> None: ...
+
+class SessionAnnouncement(_message.Message):
+    __slots__ = ("session_id", "rtmp", "webrtc", "created_at_unix")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RTMP_FIELD_NUMBER: _ClassVar[int]
+    WEBRTC_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    rtmp: bool
+    webrtc: bool
+    created_at_unix: float
+    def __init__(self, session_id: _Optional[str] = ..., rtmp: _Optional[bool] = ..., webrtc: _Optional[bool] = ..., created_at_unix: _Optional[float] = ...) -> None: ...
+
+class LinkResponse(_message.Message):
+    __slots__ = ("session_id", "output", "kind", "message")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    output: str
+    kind: OutputEventKind
+    message: str
+    def __init__(self, session_id: _Optional[str] = ..., output: _Optional[str] = ..., kind: _Optional[_Union[OutputEventKind, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class GetRecordingRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -55,6 +55,11 @@ class StreamerServiceStub:
                 request_serializer=inferix_dot_v1_dot_streamer__pb2.GetRecordingRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_streamer__pb2.GetRecordingResponse.FromString,
                 _registered_method=True)
+        self.Link = channel.stream_stream(
+                '/inferix.v1.StreamerService/Link',
+                request_serializer=inferix_dot_v1_dot_streamer__pb2.LinkRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_streamer__pb2.LinkResponse.FromString,
+                _registered_method=True)
 
 
 class StreamerServiceServicer:
@@ -88,6 +93,16 @@ class StreamerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request_iterator, context):
+        """Internal: the scheduler's control link, opened by the scheduler and kept open. The scheduler
+        says where its API is (the viewer page forwards prompt / pause / resume / stop there) and
+        announces every session with the outputs it asked for; the streamer reports output problems
+        (an RTMP server that went away, and its return), which the scheduler adds to the session's events.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -110,6 +125,11 @@ def add_StreamerServiceServicer_to_server(servicer, server):
                     servicer.GetRecording,
                     request_deserializer=inferix_dot_v1_dot_streamer__pb2.GetRecordingRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_streamer__pb2.GetRecordingResponse.SerializeToString,
+            ),
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=inferix_dot_v1_dot_streamer__pb2.LinkRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_streamer__pb2.LinkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -221,6 +241,33 @@ class StreamerService:
             '/inferix.v1.StreamerService/GetRecording',
             inferix_dot_v1_dot_streamer__pb2.GetRecordingRequest.SerializeToString,
             inferix_dot_v1_dot_streamer__pb2.GetRecordingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/inferix.v1.StreamerService/Link',
+            inferix_dot_v1_dot_streamer__pb2.LinkRequest.SerializeToString,
+            inferix_dot_v1_dot_streamer__pb2.LinkResponse.FromString,
             options,
             channel_credentials,
             insecure,

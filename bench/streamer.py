@@ -1,0 +1,277 @@
+"""Streamer benchmark: encode+mux throughput on one core, and glass-to-glass latency into Chromium.
+
+1. **Throughput.** One process pinned to one CPU core encodes 832x480 frames with the streamer's
+   `H264Encoder` and muxes every packet twice, as a live session does: into the MP4 recorder and
+   into FLV (the RTMP container, written to memory). Reported as frames per second and as a
+   multiple of real time at 16 fps (target >= 3x).
+2. **Glass to glass.** A real `python -m streamer` process; frames are pushed over gRPC at 16 fps on
+   the wall clock, each carrying its index as black/white cells; the streamer's own viewer page in
+   headless Chromium (Debian's, driven by Playwright) plays the session over WebRTC, and a
+   `requestVideoFrameCallback` hook reads the index of every presented frame. Latency = presented
+   (Chromium's clock) - pushed (ours); same machine, same wall clock. Target <= 250 ms p50.
+
+    python bench/streamer.py                         # both, defaults
+    python bench/streamer.py --seconds 20 --encoder h264_nvenc
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import grpc
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+# `python bench/streamer.py` puts bench/ first on sys.path, where this file would shadow the `streamer` package.
+sys.path.insert(0, str(ROOT))
+
+from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc  # noqa: E402
+from inferix.launch import start_service  # noqa: E402
+from inferix.viewer_token import ViewerTokens  # noqa: E402
+from streamer.encoder import LIBX264, H264Encoder  # noqa: E402
+from streamer.packets import StreamFormat  # noqa: E402
+from streamer.sinks import Mp4Recorder  # noqa: E402
+
+WIDTH, HEIGHT, FPS = 832, 480, 16.0
+BITS = 16  # frame index cells in the top band
+CELL_H = 32
+SECRET = "bench-viewer-secret-0123456789abcdef"
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+]
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--frames", type=int, default=240, help="frames encoded in the throughput run (default 240)")
+    p.add_argument("--encoder", default=LIBX264, help="libx264 (default) or h264_nvenc")
+    p.add_argument("--seconds", type=float, default=12.0, help="length of the glass-to-glass run (default 12)")
+    p.add_argument("--jitter-buffer-ms", type=float, default=100.0, help="the streamer's jitter buffer (default 100)")
+    p.add_argument("--chromium", default="/usr/bin/chromium")
+    p.add_argument("--skip-latency", action="store_true", help="throughput only (no Chromium)")
+    return p.parse_args()
+
+
+def scene(index: int) -> np.ndarray:
+    """A moving, textured 832x480 scene with the frame index in the top band (white cell = bit set)."""
+    y, x = np.mgrid[0:HEIGHT, 0:WIDTH].astype(np.float32)
+    t = index / FPS
+    red = 128 + 90 * np.sin(2 * np.pi * (x / 300 + t * 0.3))
+    green = 128 + 80 * np.cos(2 * np.pi * (y / 200 - t * 0.2))
+    blue = 128 + 60 * np.sin(2 * np.pi * ((x + y) / 400 + t * 0.5))
+    frame = np.stack([red, green, blue], axis=-1)
+    cx, cy = WIDTH / 2 + 250 * np.cos(t), HEIGHT / 2 + 120 * np.sin(1.3 * t)  # a moving disc
+    frame[(x - cx) ** 2 + (y - cy) ** 2 < 60**2] = (240, 230, 40)
+    noise = np.random.default_rng(index).normal(0, 4, frame.shape)  # film grain: not trivially compressible
+    frame = np.clip(frame + noise, 0, 255).astype(np.uint8)
+    cell_w = WIDTH // BITS
+    for bit in range(BITS):
+        frame[:CELL_H, bit * cell_w : (bit + 1) * cell_w] = 255 if index >> bit & 1 else 0
+    return frame
+
+
+# ---- 1. throughput --------------------------------------------------------------------------------
+def _throughput(frames: int, encoder: str, out: multiprocessing.Queue) -> None:
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core (x264 sizes its threads to it)
+    fmt = StreamFormat(WIDTH, HEIGHT, FPS)
+    scenes = [scene(i).tobytes() for i in range(48)]  # three seconds, looped
+    with tempfile.TemporaryDirectory() as tmp:
+        h264 = H264Encoder(fmt, encoder)
+        mp4 = Mp4Recorder(Path(tmp) / "bench.mp4", fmt)
+        flv = av.open(io.BytesIO(), "w", format="flv")
+        flv_stream = None
+        per_frame = []
+        started = time.perf_counter()
+        for index in range(frames):
+            t0 = time.perf_counter()
+            for packet in h264.encode(scenes[index % len(scenes)], index):
+                mp4.write(packet)
+                if flv_stream is None:
+                    with av.open(io.BytesIO(packet.data), format="h264") as probe:
+                        flv_stream = flv.add_stream_from_template(probe.streams.video[0])
+                out_packet = av.Packet(packet.data)
+                out_packet.pts = out_packet.dts = round(packet.pts * 1000 / FPS)
+                out_packet.time_base = flv_stream.time_base = Fraction(1, 1000)
+                out_packet.stream = flv_stream
+                flv.mux(out_packet)
+            per_frame.append(time.perf_counter() - t0)
+        for packet in h264.flush():
+            mp4.write(packet)
+        mp4.close()
+        flv.close()
+        elapsed = time.perf_counter() - started
+        size = (Path(tmp) / "bench.mp4").stat().st_size
+    per_frame.sort()
+    out.put(
+        {
+            "fps": frames / elapsed,
+            "p50_ms": per_frame[len(per_frame) // 2] * 1e3,
+            "p95_ms": per_frame[int(len(per_frame) * 0.95)] * 1e3,
+            "kbps": size * 8 / (frames / FPS) / 1e3,
+        }
+    )
+
+
+def throughput(frames: int, encoder: str) -> dict[str, float]:
+    queue: multiprocessing.Queue = multiprocessing.Queue()
+    process = multiprocessing.get_context("fork").Process(target=_throughput, args=(frames, encoder, queue))
+    process.start()
+    result: dict[str, float] = queue.get(timeout=600)
+    process.join()
+    return result
+
+
+# ---- 2. glass to glass ----------------------------------------------------------------------------
+_HOOK = """
+([cellHeight, bits]) => {
+  const video = document.getElementById('video');
+  const canvas = document.createElement('canvas');
+  const ctx = canvas.getContext('2d', { willReadFrequently: true });
+  window.presented = [];
+  const onFrame = (now, meta) => {
+    if (video.videoWidth) {
+      canvas.width = video.videoWidth; canvas.height = cellHeight;
+      ctx.drawImage(video, 0, 0, video.videoWidth, cellHeight, 0, 0, video.videoWidth, cellHeight);
+      const row = ctx.getImageData(0, cellHeight / 2, video.videoWidth, 1).data;
+      const cell = video.videoWidth / bits;
+      let index = 0;
+      for (let bit = 0; bit < bits; bit++) {
+        const x = Math.floor((bit + 0.5) * cell) * 4;
+        if (row[x] + row[x + 1] + row[x + 2] > 3 * 128) index |= 1 << bit;
+      }
+      window.presented.push([index, performance.timeOrigin + meta.presentationTime]);
+    }
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+}
+"""
+
+
+def glass_to_glass(args: argparse.Namespace) -> dict[str, float]:
+    from playwright.sync_api import sync_playwright
+
+    total = int(args.seconds * FPS)
+    scenes = [scene(i) for i in range(48)]
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        streamer = start_service(
+            "streamer",
+            "streamer",
+            ["--data-dir", str(workdir / "rec"), "--http-port", "0", "--jitter-buffer-ms", str(args.jitter_buffer_ms)]
+            + ["--encoder", args.encoder],
+            workdir,
+            env={"INFERIX_VIEWER_SECRET": SECRET},
+        )
+        try:
+            http = json.loads((workdir / "streamer.port.json").read_text())["http"]
+            pushed: dict[int, float] = {}
+
+            def frames() -> Iterator[streamer_pb2.PushFramesRequest]:
+                started = time.monotonic()
+                for index in range(total):
+                    time.sleep(max(0.0, started + index / FPS - time.monotonic()))  # generated in real time
+                    pixels = scenes[index % len(scenes)].copy()
+                    cell_w = WIDTH // BITS
+                    for bit in range(BITS):
+                        pixels[:CELL_H, bit * cell_w : (bit + 1) * cell_w] = 255 if index >> bit & 1 else 0
+                    pushed[index] = time.time() * 1e3  # ms, like performance.timeOrigin
+                    frame = streamer_pb2.VideoFrame(
+                        session_id="g2g",
+                        block_index=index // 12,
+                        frame_index=index,
+                        width=WIDTH,
+                        height=HEIGHT,
+                        format=streamer_pb2.PIXEL_FORMAT_RGB24,
+                        data=pixels.tobytes(),
+                        fps=FPS,
+                    )
+                    yield streamer_pb2.PushFramesRequest(frame=frame)
+
+            with grpc.insecure_channel(streamer.address, options=[("grpc.max_send_message_length", 64 << 20)]) as ch:
+                stub = streamer_pb2_grpc.StreamerServiceStub(ch)
+                pusher = threading.Thread(target=lambda: stub.PushFrames(frames(), timeout=args.seconds + 60))
+                pusher.start()
+                token = ViewerTokens(SECRET.encode()).mint("g2g")
+                with sync_playwright() as playwright:
+                    browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_FLAGS)
+                    page = browser.new_page()
+                    page.goto(f"http://127.0.0.1:{http}/watch/g2g#token={token}")
+                    deadline = time.monotonic() + 30
+                    while not page.evaluate("document.getElementById('video').readyState >= 2"):  # CSP: no eval
+                        assert time.monotonic() < deadline, "the viewer page did not start playing"
+                        time.sleep(0.05)
+                    page.evaluate(_HOOK, [CELL_H, BITS])
+                    pusher.join()
+                    time.sleep(1.0)
+                    presented: list[list[float]] = page.evaluate("window.presented")
+                    browser.close()
+        finally:
+            streamer.stop()
+    # presented times are Chromium's wall clock in ms; skip the first second (joining at a keyframe)
+    latencies = sorted(at - pushed[int(index)] for index, at in presented if int(index) in pushed and index >= FPS)
+    return {
+        "frames": len(latencies),
+        "expected": total - FPS,
+        "p50_ms": statistics.median(latencies) if latencies else float("nan"),
+        "p95_ms": latencies[int(len(latencies) * 0.95)] if latencies else float("nan"),
+        "min_ms": latencies[0] if latencies else float("nan"),
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    print(f"encode+mux {WIDTH}x{HEIGHT} {args.encoder}, one core, {args.frames} frames ...", flush=True)
+    encode = throughput(args.frames, args.encoder)
+    rows = [
+        (
+            "encode+mux (MP4 + FLV), 1 core",
+            f"{encode['fps']:.1f} fps = {encode['fps'] / FPS:.1f}x real time",
+            ">= 3.0x real time",
+            f"{encode['fps'] / FPS / 3.0:.2f}",
+        ),
+        ("  encode+mux per frame p50 / p95", f"{encode['p50_ms']:.1f} / {encode['p95_ms']:.1f} ms", "", ""),
+        ("  bitrate (MP4)", f"{encode['kbps']:.0f} kbit/s", "", ""),
+    ]
+    if not args.skip_latency:
+        print(f"glass to glass: {args.seconds:g} s at {FPS:g} fps into Chromium ...", flush=True)
+        g2g = glass_to_glass(args)
+        target = 250.0
+        rows += [
+            (
+                "glass to glass p50 (push -> presented)",
+                f"{g2g['p50_ms']:.0f} ms",
+                f"<= {target:.0f} ms",
+                f"{target / g2g['p50_ms']:.2f}",
+            ),
+            ("  p95 / min", f"{g2g['p95_ms']:.0f} / {g2g['min_ms']:.0f} ms", "", ""),
+            ("  of which jitter buffer", f"{args.jitter_buffer_ms:.0f} ms", "", ""),
+            ("  frames measured", f"{g2g['frames']} of {g2g['expected']:.0f}", "", ""),
+        ]
+    print(f"\n{'metric':<42} {'measured':<30} {'target':<20} ratio (>=1 meets)")
+    for name, measured, target_text, ratio in rows:
+        print(f"{name:<42} {measured:<30} {target_text:<20} {ratio}")
+
+
+if __name__ == "__main__":
+    main()

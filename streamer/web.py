@@ -1,0 +1,221 @@
+"""The streamer's HTTP face (aiohttp, `--http-port`): WHEP signalling, the viewer page and its JSON API.
+
+    GET    /watch/<session>                 the viewer page (the token travels in the URL fragment)
+    POST   /whep/<session>                  SDP offer -> 201 + SDP answer, Location of the viewer
+    DELETE /whep/<session>/<viewer>         hang up
+    GET    /api/sessions/<session>          status: scheduler view (state, prompt, block latency) + live stats
+    POST   /api/sessions/<session>/<cmd>    prompt {"text": ...} | pause | resume | stop
+    GET    /healthz
+
+Every session endpoint needs `Authorization: Bearer <viewer token>` (see `inferix.viewer_token`):
+no or a bad token is 403, a session the streamer has never heard of is 404 (after waiting a
+moment for the scheduler's announcement), a WHEP offer for a session whose video is over is 410,
+a malformed SDP offer is 400 with the reason. The page and its script are static files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from inferix.viewer_token import InvalidViewerToken, ViewerTokens, bearer_token
+from streamer.control import ControlError, SchedulerControl
+from streamer.ingest import valid_session_id
+from streamer.live import LiveRegistry, LiveSession
+from streamer.webrtc import BadOffer, TooManyViewers
+
+log = logging.getLogger("inferix.streamer.web")
+
+ANNOUNCE_WAIT_S = 1.0  # a page may open a session a moment before the scheduler's announcement lands
+_MAX_OFFER_BYTES = 64 * 1024
+_STATIC = {"viewer.js": "text/javascript", "viewer.css": "text/css"}
+# The page runs only its own script and talks only to this server; the token in its URL is never sent on.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+_CORS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Methods": "POST, DELETE, OPTIONS",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type",
+    "Access-Control-Expose-Headers": "Location",
+}
+
+
+class HttpError(Exception):
+    """A refused request: HTTP status and the reason (sent as the body)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _asset(name: str) -> bytes:
+    return (resources.files("streamer") / "static" / name).read_bytes()
+
+
+class ViewerServer:
+    """The aiohttp application over the live registry and the scheduler control."""
+
+    def __init__(self, registry: LiveRegistry, control: SchedulerControl, tokens: ViewerTokens | None) -> None:
+        self.registry = registry
+        self.control = control
+        self.tokens = tokens
+        self.app = web.Application(client_max_size=_MAX_OFFER_BYTES, middlewares=[self._errors])
+        self.app.add_routes(
+            [
+                web.get("/healthz", self._health),
+                web.get("/watch/{session}", self._page),
+                web.get("/static/{name}", self._static),
+                web.post("/whep/{session}", self._whep_offer),
+                web.options("/whep/{session}", self._preflight),
+                web.delete("/whep/{session}/{viewer}", self._whep_delete),
+                web.patch("/whep/{session}/{viewer}", self._whep_patch),
+                web.options("/whep/{session}/{viewer}", self._preflight),
+                web.get("/api/sessions/{session}", self._status),
+                web.post("/api/sessions/{session}/{command}", self._command),
+            ]
+        )
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on host:port (0 = any free port); returns the bound port."""
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        self.port = int(self._runner.addresses[0][1])
+        log.info("viewer page and WHEP on http://%s:%d/watch/<session>", host, self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # ---- plumbing -------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+        except HttpError as error:
+            if request.path.startswith("/api/"):
+                response = web.json_response({"error": error.reason}, status=error.status)
+            else:
+                response = web.Response(status=error.status, text=error.reason + "\n")
+        if request.path.startswith("/whep/"):
+            response.headers.update(_CORS)
+        return response
+
+    def _authorize(self, request: web.Request) -> tuple[str, str]:
+        """The session id and its viewer token; 403 unless the token is valid for that session."""
+        session_id = request.match_info["session"]
+        if not valid_session_id(session_id):
+            raise HttpError(404, f"no session {session_id[:64]!r}")
+        if self.tokens is None:
+            raise HttpError(
+                503, "viewer tokens are not configured on this streamer (--viewer-secret-file or INFERIX_VIEWER_SECRET)"
+            )
+        token = bearer_token(request.headers.get("Authorization"))
+        try:
+            self.tokens.verify(token, session_id)
+        except InvalidViewerToken as exc:
+            raise HttpError(403, str(exc)) from exc
+        return session_id, token
+
+    async def _live(self, session_id: str) -> LiveSession:
+        live = await self.registry.wait_for(session_id, ANNOUNCE_WAIT_S)
+        if live is None:
+            raise HttpError(404, f"no session {session_id!r} on this streamer (not announced, no frames)")
+        return live
+
+    # ---- handlers -------------------------------------------------------------------------------
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _page(self, request: web.Request) -> web.Response:
+        if not valid_session_id(request.match_info["session"]):
+            raise HttpError(404, "no such session")
+        return web.Response(
+            body=_asset("viewer.html"), content_type="text/html", charset="utf-8", headers=_PAGE_HEADERS
+        )
+
+    async def _static(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in _STATIC:
+            raise HttpError(404, f"no file {name!r}")
+        return web.Response(body=_asset(name), content_type=_STATIC[name], charset="utf-8")
+
+    async def _preflight(self, request: web.Request) -> web.Response:
+        return web.Response(status=204)
+
+    async def _whep_offer(self, request: web.Request) -> web.Response:
+        session_id, _ = self._authorize(request)
+        live = await self._live(session_id)
+        if live.ended:
+            raise HttpError(410, f"session {session_id!r} has ended; its recording is the MP4")
+        if request.content_type != "application/sdp":
+            raise HttpError(415, f"the offer must be sent as Content-Type: application/sdp, got {request.content_type}")
+        try:
+            offer = await request.text()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise HttpError(413, f"the SDP offer is larger than {_MAX_OFFER_BYTES} bytes") from exc
+        try:
+            viewer, answer = await live.hub.add_viewer(offer)
+        except BadOffer as exc:
+            raise HttpError(400, str(exc)) from exc
+        except TooManyViewers as exc:
+            raise HttpError(503, str(exc)) from exc
+        location = f"/whep/{session_id}/{viewer.viewer_id}"
+        return web.Response(
+            status=201,
+            text=answer,
+            content_type="application/sdp",
+            headers={"Location": location, "X-Inferix-Codec": viewer.codec},
+        )
+
+    async def _whep_delete(self, request: web.Request) -> web.Response:
+        session_id, _ = self._authorize(request)
+        live = await self._live(session_id)
+        if not await live.hub.remove(request.match_info["viewer"]):
+            raise HttpError(404, "no such viewer (already gone)")
+        return web.Response(status=200, text="bye\n")
+
+    async def _whep_patch(self, request: web.Request) -> web.Response:
+        self._authorize(request)
+        raise HttpError(405, "trickle ICE is not supported: send the offer with its candidates gathered")
+
+    async def _status(self, request: web.Request) -> web.Response:
+        session_id, token = self._authorize(request)
+        live = await self._live(session_id)
+        body: dict[str, Any] = {"session_id": session_id, "stream": live.to_json()}
+        try:
+            body["session"] = (await self.control.view(session_id, token)).to_json()
+        except ControlError as exc:
+            if exc.http_status in (403, 404):
+                raise HttpError(exc.http_status, str(exc)) from exc
+            body["session"] = {"state": "unknown", "error": str(exc)}
+        return web.json_response(body)
+
+    async def _command(self, request: web.Request) -> web.Response:
+        session_id, token = self._authorize(request)
+        command = request.match_info["command"]
+        text = ""
+        if command == "prompt":
+            try:
+                payload = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise HttpError(400, f'the body must be JSON {{"text": "..."}}: {exc}') from exc
+            if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
+                raise HttpError(400, 'the body must be JSON {"text": "<the new prompt>"}')
+            text = payload["text"]
+        try:
+            applies_at = await self.control.command(session_id, token, command, text)
+        except ControlError as exc:
+            raise HttpError(exc.http_status, str(exc)) from exc
+        return web.json_response({"command": command, "applies_at_block": applies_at})
