@@ -91,7 +91,9 @@ class LayerNorm(nn.LayerNorm):
         return F.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps).type_as(x)
 
 
-class SelfAttention(nn.Module):
+class _Attention(nn.Module):
+    """q/k/v/o projections with RMS-normed q and k over the full dim (the checkpoints' names)."""
+
     def __init__(self, config: WanDiTConfig) -> None:
         super().__init__()
         dim = config.dim
@@ -104,6 +106,8 @@ class SelfAttention(nn.Module):
         self.norm_q: nn.Module = RMSNorm(dim, config.eps) if config.qk_norm else nn.Identity()
         self.norm_k: nn.Module = RMSNorm(dim, config.eps) if config.qk_norm else nn.Identity()
 
+
+class SelfAttention(_Attention):
     def forward(
         self,
         x: Tensor,
@@ -123,19 +127,7 @@ class SelfAttention(nn.Module):
         return self.o(out.flatten(2))
 
 
-class CrossAttention(nn.Module):
-    def __init__(self, config: WanDiTConfig) -> None:
-        super().__init__()
-        dim = config.dim
-        self.num_heads = config.num_heads
-        self.head_dim = config.head_dim
-        self.q = nn.Linear(dim, dim)
-        self.k = nn.Linear(dim, dim)
-        self.v = nn.Linear(dim, dim)
-        self.o = nn.Linear(dim, dim)
-        self.norm_q: nn.Module = RMSNorm(dim, config.eps) if config.qk_norm else nn.Identity()
-        self.norm_k: nn.Module = RMSNorm(dim, config.eps) if config.qk_norm else nn.Identity()
-
+class CrossAttention(_Attention):
     def project_context(self, context: Tensor) -> tuple[Tensor, Tensor]:
         b, n, _ = context.shape
         shape = (b, n, self.num_heads, self.head_dim)
