@@ -34,6 +34,7 @@ def register(subparsers: Any) -> None:
     create.add_argument("--height", type=int, default=0)
     create.add_argument("--lookahead", type=int, default=0)
     create.add_argument("--wait", action="store_true", help="queue if no worker has room")
+    create.add_argument("--rtmp", action="store_true", help="also push it to the server's RTMP relay")
     create.add_argument("--watch", action="store_true", help="then watch it until it ends")
 
     for name, help_text in (
@@ -65,6 +66,9 @@ def _print_session(info: Any) -> None:
         f"worker {info.worker_id or '-'}  prompt {info.current_prompt!r}"
         + (f"  error: {info.error}" if info.error else "")
     )
+    for label, url in (("viewer", info.viewer_url), ("rtmp", info.rtmp_url)):
+        if url:
+            print(f"  {label}: {url}")
 
 
 def _watch(events: Any) -> int:

@@ -79,8 +79,12 @@ class Client:
         num_blocks: int = 0,
         lookahead: int = 0,
         wait_for_capacity: bool = False,
+        rtmp: bool = False,
     ) -> SessionInfo:
-        """Create a session (width/height 0 = the model's native size; num_blocks 0 = unbounded)."""
+        """Create a session (width/height 0 = the model's native size; num_blocks 0 = unbounded).
+
+        `rtmp=True` also pushes it to the server's RTMP relay (`SessionInfo.rtmp_url`).
+        """
         spec = session_spec(
             prompt,
             model=model,
@@ -90,6 +94,7 @@ class Client:
             num_blocks=num_blocks,
             lookahead=lookahead,
             wait_for_capacity=wait_for_capacity,
+            rtmp=rtmp,
         )
         reply = self._stub.CreateSession(
             scheduler_pb2.CreateSessionRequest(spec=spec), timeout=self.timeout, metadata=self._metadata

@@ -42,6 +42,8 @@ class SessionInfo:
     current_prompt: str
     mp4_url: str
     error: str
+    rtmp_url: str = ""  # set when the session asked for RTMP and the server has it
+    viewer_url: str = ""  # the live viewer page; its #token= is a credential for this session
     prompts: tuple[PromptChange, ...] = field(default_factory=tuple)
 
     @property
@@ -63,6 +65,8 @@ class SessionInfo:
             current_prompt=s.current_prompt,
             mp4_url=s.urls.mp4,
             error=s.error,
+            rtmp_url=s.urls.rtmp,
+            viewer_url=s.urls.webrtc_page,
             prompts=tuple(PromptChange(p.at_block, p.text, p.recache) for p in s.spec.prompts),
         )
 
@@ -134,6 +138,7 @@ def session_spec(
     num_blocks: int,
     lookahead: int,
     wait_for_capacity: bool,
+    rtmp: bool = False,
 ) -> common_pb2.SessionSpec:
     changes = [PromptChange(0, prompt)] if isinstance(prompt, str) else list(prompt)
     return common_pb2.SessionSpec(
@@ -142,7 +147,7 @@ def session_spec(
         seed=seed,
         prompts=[common_pb2.PromptChange(at_block=c.at_block, text=c.text, recache=c.recache) for c in changes],
         num_blocks=num_blocks,
-        outputs=common_pb2.OutputOptions(mp4=True),
+        outputs=common_pb2.OutputOptions(mp4=True, rtmp=rtmp),
         lookahead=lookahead,
         wait_for_capacity=wait_for_capacity,
     )

@@ -212,3 +212,11 @@ def test_internal_services_refuse_calls_without_the_mesh_token(client: Client, m
         with pytest.raises(grpc.RpcError) as caught:
             worker_pb2_grpc.WorkerServiceStub(channel).GetStatus(worker_pb2.GetStatusRequest(), timeout=10)
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_sdk_returns_the_live_playback_urls(client: Client, mesh: Mesh) -> None:
+    info = client.create_session("a red ball", num_blocks=1, rtmp=True)
+    assert info.rtmp_url.startswith("rtmp://127.0.0.1:") and info.rtmp_url.endswith(f"/{info.session_id}")
+    assert f"/watch/{info.session_id}#token=" in info.viewer_url
+    assert client.get_session(info.session_id).viewer_url == info.viewer_url
+    list(client.events(info.session_id))
