@@ -164,7 +164,7 @@ def _launch(prefix: Path, host: str, port: int, timeout: float) -> ServiceProces
 
 def start_nginx_rtmp(workdir: Path, host: str = "127.0.0.1", port: int = 0, timeout: float = 10.0) -> NginxRtmp:
     """Start nginx RTMP with a generated config in `workdir/rtmp` (port 0 = a free port)."""
-    prefix = workdir / "rtmp"
+    prefix = (workdir / "rtmp").resolve()  # nginx resolves relative paths against its prefix
     prefix.mkdir(parents=True, exist_ok=True)
     for attempt in range(3):
         chosen = port or _free_port(host)

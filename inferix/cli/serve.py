@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
     if args.model is not None and not args.model.is_dir():
         raise UserError(f"--model {args.model}: not a folder (see README: model folders)")
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="inferix-serve-"))
+    workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="inferix-serve-"))).resolve()
     config = MeshConfig(
         workdir=workdir,
         workers=args.workers,
