@@ -135,11 +135,18 @@ def check_schedule(case: GoldenCase, tol: float) -> Iterator[Comparison]:
     yield Comparison(case.name, "pipeline.denoising_timesteps", _diff(ours, used), 0.0)
 
 
-def check_dit_forward(case: GoldenCase, tol: float) -> Iterator[Comparison]:
-    """Two stand-alone DiT calls on a fresh cache; the second attends to the first."""
+# (a layer's K or V as this process caches it, frames cached) -> the session's whole cache
+KVView = Callable[[Tensor, int], Tensor]
+
+
+def check_dit_forward(case: GoldenCase, tol: float, dit: CausalWanDiT | None = None) -> Iterator[Comparison]:
+    """Two stand-alone DiT calls on a fresh cache; the second attends to the first.
+
+    `dit` (default: the case's) may be sequence-parallel: its cache then holds this rank's shard.
+    """
     if not case.has("dit_forward"):
         return
-    dit = case.build_dit()
+    dit = dit or case.build_dit()
     pipeline_cfg = case.pipeline_config()
     schedule = FlowMatchSchedule(pipeline_cfg.sampling.schedule)
     data = case.tensors("dit_forward")
@@ -150,7 +157,7 @@ def check_dit_forward(case: GoldenCase, tol: float) -> Iterator[Comparison]:
     pool = KVPool(pipeline.pool_spec(h, w, 2 * frames))
     cache = pool.open_session(
         "dit_forward",
-        dit.config.tokens_per_frame(h, w),
+        pipeline.cache_layout(h, w)[1],
         window_frames=None if block.is_global else block.local_attn_size,
         sink_frames=block.sink_size,
     )
@@ -170,9 +177,14 @@ def _recorded_noise(inputs: dict[str, Tensor]) -> RecordedNoise:
     return RecordedNoise(inputs["initial_noise"], renoise)
 
 
-def check_pipeline(case: GoldenCase, tol: float) -> Iterator[Comparison]:
-    """The full block loop with the recorded noise: x0 of every step, latents, final KV cache."""
-    dit = case.build_dit()
+def check_pipeline(
+    case: GoldenCase, tol: float, dit: CausalWanDiT | None = None, kv_view: KVView | None = None
+) -> Iterator[Comparison]:
+    """The full block loop with the recorded noise: x0 of every step, latents, final KV cache.
+
+    With a sequence-parallel `dit`, `kv_view` gathers the ranks' cache shards for the comparison.
+    """
+    dit = dit or case.build_dit()
     inputs = case.tensors("inputs")
     outputs = case.tensors("outputs")
     renoise = {
@@ -192,11 +204,12 @@ def check_pipeline(case: GoldenCase, tol: float) -> Iterator[Comparison]:
             yield Comparison(case.name, f"pipeline.{key}", _diff(x0, outputs[key]), tol)
     latents = torch.cat([b.latents for b in blocks], dim=1)
     yield Comparison(case.name, "pipeline.latents", _diff(latents, outputs["latents"]), tol)
+    cached_frames = len(session.cache.frames)
     for layer in case.config.get("kv_cache", {}).get("layers_saved", []):
-        ours_k, ours_v = session.cache.layer_kv(layer)
         end_key = f"kv_l{layer}_local_end_index"
-        used = int(outputs[end_key][0]) if end_key in outputs else ours_k.shape[0]
-        for kind, ours in (("k", ours_k), ("v", ours_v)):
+        for kind, local in zip("kv", session.cache.layer_kv(layer), strict=True):
+            ours = local if kv_view is None else kv_view(local, cached_frames)
+            used = int(outputs[end_key][0]) if end_key in outputs else ours.shape[0]
             golden = outputs[f"kv_l{layer}_{kind}"][0, :used]
             yield Comparison(case.name, f"kv_cache.layer{layer}.{kind}", _diff(ours, golden), tol)
     session.close()
