@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +14,7 @@ from inferix.client import BlockDone, Client, CommandAccepted, PromptChange, Ses
 from inferix.serve import Mesh
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
 from tests.mesh.conftest import KEY_B, generate_digest, stream_info
+from tests.streamer.media import ffprobe
 
 
 def blocks_of(events: list[object]) -> list[BlockDone]:
@@ -45,29 +43,11 @@ def test_session_blocks_arrive_in_order_and_frames_equal_generate(client: Client
     assert streamed.frames_sha256 == generate_digest(schedule, 4, 5)  # bit-exact with the CLI
 
     mp4 = client.download_recording(final, tmp_path / "session.mp4")
-    probe = subprocess.run(
-        [
-            shutil.which("ffprobe") or "ffprobe",
-            "-v",
-            "error",
-            "-count_frames",
-            "-select_streams",
-            "v:0",
-            "-show_entries",
-            "stream=codec_name,width,height,nb_read_frames",
-            "-of",
-            "json",
-            str(mp4),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    stream = json.loads(probe.stdout)["streams"][0]
+    stream = ffprobe(mp4)
     assert (stream["codec_name"], stream["width"], stream["height"], stream["nb_read_frames"]) == (
         "h264",
-        128,
-        128,
+        "128",
+        "128",
         "45",
     )
 
