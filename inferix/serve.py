@@ -1,5 +1,8 @@
 """Start the whole mesh on one machine: kvcache_svc, streamer, N workers, scheduler (+ nginx RTMP).
 
+A worker may be a sequence-parallel pod (`ranks_per_worker` > 1): torchrun with one rank per
+process, `--device cuda` giving rank r the GPU r.
+
 Used by `inferix serve` and by the integration tests, so both run exactly the same processes.
 Every child binds 127.0.0.1 (ports chosen by the OS unless given) and is stopped by pid.
 
@@ -29,6 +32,8 @@ log = logging.getLogger("inferix.serve")
 class MeshConfig:
     workdir: Path
     workers: int = 1
+    # Ranks of each worker (a sequence-parallel pod under torchrun; rank 0 serves, see workers/pod.py).
+    ranks_per_worker: int = 1
     model: Path | None = None
     device: str = "cpu"
     kv_pages: int = 256
@@ -86,7 +91,13 @@ def _start_worker(config: MeshConfig, name: str, kvcache: str) -> ServiceProcess
         args += ["--model", str(config.model)]
     if config.worker_threads:
         args += ["--threads", str(config.worker_threads)]
-    return start_service(name, "workers", args, config.workdir, env=config.env, timeout=180, metrics=config.metrics)
+    module = "workers"
+    if config.ranks_per_worker > 1:
+        # A pod: torchrun starts the ranks, rank 0 writes the port file and is stopped first (inferix/launch.py).
+        ranks = str(config.ranks_per_worker)
+        args = ["--standalone", "--nnodes", "1", "--nproc-per-node", ranks, "--max-restarts", "0", "-m", module, *args]
+        module = "torch.distributed.run"
+    return start_service(name, module, args, config.workdir, env=config.env, timeout=180, metrics=config.metrics)
 
 
 def _rtmp(config: MeshConfig) -> tuple[NginxRtmp | None, str, str]:
@@ -105,6 +116,8 @@ def _rtmp(config: MeshConfig) -> tuple[NginxRtmp | None, str, str]:
 def start_mesh(config: MeshConfig) -> Mesh:
     """Start every service; internal calls carry a fresh random token (INFERIX_INTERNAL_TOKEN) and viewer
     tokens are signed with a fresh secret (INFERIX_VIEWER_SECRET)."""
+    if config.ranks_per_worker < 1:
+        raise ValueError(f"ranks_per_worker must be >= 1, got {config.ranks_per_worker}")
     config.env.setdefault(INTERNAL_TOKEN_ENV, secrets.token_hex(16))
     config.env.setdefault(SECRET_ENV, secrets.token_urlsafe(32))
     started: list[ServiceProcess] = []

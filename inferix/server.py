@@ -10,7 +10,7 @@ Every service (`python -m scheduler`, `python -m workers`, `python -m kvcache_sv
 `register(server)` adds the servicers and returns their full service names plus an optional
 async `drain()` called on SIGTERM before the server stops. With `--port 0` the OS picks a free
 port; `--port-file` receives `{"grpc": port, "metrics": port}` once the server listens, which is
-how tests and `inferix serve` find a child process.
+how tests and `inferix serve` find a child process (and its "pid": the process that serves).
 """
 
 from __future__ import annotations
@@ -218,7 +218,9 @@ async def run_server(
     metrics_port = _start_metrics(options.host, options.metrics_port) if options.metrics_port is not None else None
     if options.port_file is not None:
         tmp = options.port_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"grpc": port, "metrics": metrics_port}))
+        # pid: the process that serves and drains on SIGTERM (rank 0 when a launcher such as torchrun
+        # started this one; the launcher stops the service through it, see inferix/launch.py).
+        tmp.write_text(json.dumps({"grpc": port, "metrics": metrics_port, "pid": os.getpid()}))
         tmp.replace(options.port_file)  # atomic: readers never see a partial file
     log.info("serving on %s:%d%s", options.host, port, f", metrics on :{metrics_port}" if metrics_port else "")
     if registration.on_start is not None:

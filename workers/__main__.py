@@ -1,17 +1,30 @@
-"""`python -m workers`: the Worker service (loads one model, runs block jobs)."""
+"""`python -m workers`: the Worker service (loads one model, runs block jobs).
+
+Under torchrun (WORLD_SIZE > 1) the worker is a sequence-parallel pod, one rank per device: rank 0
+serves gRPC and drives the others (see `workers/pod.py`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import socket
+import sys
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
+from inferix.errors import UserError
 from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
+from workers.pod import add_parallel_arguments, rank, world_size
+
+if TYPE_CHECKING:
+    from workers.engine.model_dir import LoadedModel
+    from workers.engine.parallel.runner import PodDriver
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,6 +64,7 @@ def parse_args() -> argparse.Namespace:
         metavar="DIR",
         help="profile every block and write the report to DIR on shutdown (env INFERIX_PROFILE_DIR)",
     )
+    add_parallel_arguments(parser)
     return parser.parse_args()
 
 
@@ -61,12 +75,33 @@ def main() -> None:
     import torch
 
     from workers.engine.model_dir import load_model
-    from workers.service import WorkerConfig, WorkerService, add_to_server
+    from workers.pod import run_worker_pod
 
+    # The format run_server uses; set here already so that start-up (the pod's plan) is logged too.
+    me = rank()
+    pod = world_size() > 1
+    name = f"worker rank {me}" if pod and me else "worker"
+    level = args.log_level if me == 0 else logging.WARNING  # a follower: warnings, and its pod lifecycle
+    logging.basicConfig(level=level, format=f"%(asctime)s {name} %(levelname)s %(message)s")
+    logging.getLogger("inferix.worker.pod").setLevel(logging.INFO)
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
-    model = load_model(args.model, dtype=dtype, device=args.device)
+    try:
+        if pod:
+            run_worker_pod(args, dtype, lambda model, driver: serve(args, model, driver))
+        else:
+            serve(args, load_model(args.model, dtype=dtype, device=args.device))
+    except UserError as exc:
+        where = f" (rank {me})" if pod else ""
+        print(f"python -m workers{where}: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def serve(args: argparse.Namespace, model: LoadedModel, driver: PodDriver | None = None) -> None:
+    """The gRPC worker service until SIGTERM; with `driver` (rank 0 of a pod) it drives the pod."""
+    from workers.service import WorkerConfig, WorkerService, add_to_server
+
     config = WorkerConfig(args.worker_id, args.kvcache, args.kv_pages, profile_dir=args.profile)
     options = ServerOptions.from_args(args)
     stop = asyncio.Event()
@@ -74,7 +109,7 @@ def main() -> None:
 
     def register(server: grpc.aio.Server) -> Registration:
         # Built inside the event loop: grpc.aio channels belong to the loop that creates them.
-        service = WorkerService(model, config)
+        service = WorkerService(model, config, driver)
         registration = add_to_server(server, service)
 
         async def on_start(port: int) -> None:

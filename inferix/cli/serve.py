@@ -25,6 +25,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--port", type=int, default=50051, help="scheduler port for clients (default 50051)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument(
+        "--ranks-per-worker",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each worker as a sequence-parallel pod of N ranks under torchrun (one per GPU with "
+        "--device cuda; gloo on CPU). Rank 0 serves; the model's heads / tokens must split evenly. "
+        "Strategy: INFERIX_SP_STRATEGY (default auto). Default 1",
+    )
     parser.add_argument("--model", type=Path, default=None, help="model folder (default: built-in tiny model)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-pages", type=int, default=256, help="KV pages per worker (one latent frame each)")
@@ -54,12 +63,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
+    if args.ranks_per_worker < 1:
+        raise UserError(f"--ranks-per-worker must be at least 1, got {args.ranks_per_worker}")
     if args.model is not None and not args.model.is_dir():
         raise UserError(f"--model {args.model}: not a folder (see README: model folders)")
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="inferix-serve-"))).resolve()
     config = MeshConfig(
         workdir=workdir,
         workers=args.workers,
+        ranks_per_worker=args.ranks_per_worker,
         model=args.model,
         device=args.device,
         kv_pages=args.kv_pages,
@@ -72,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.rtmp not in ("auto", "off") and not args.rtmp.startswith(("rtmp://", "rtmps://")):
         raise UserError(f"--rtmp must be auto, off or an rtmp:// URL, got {args.rtmp!r}")
-    print(f"starting Inferix ({args.workers} worker(s), model {args.model or 'tiny (built-in)'}) ...", flush=True)
+    pods = f" of {args.ranks_per_worker} ranks" if args.ranks_per_worker > 1 else ""
+    print(f"starting Inferix ({args.workers} worker(s){pods}, model {args.model or 'tiny (built-in)'}) ...", flush=True)
     try:
         mesh = start_mesh(config)
     except (ServiceStartError, RtmpServerError) as exc:

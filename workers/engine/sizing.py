@@ -28,11 +28,14 @@ class SessionShape:
     frames_per_block: int  # latent frames
 
 
+def native_latent_size(preset: ModelPreset) -> tuple[int, int]:
+    """(height, width) of a latent frame at the preset's native resolution."""
+    return preset.video.height // VAE_SPATIAL_FACTOR, preset.video.width // VAE_SPATIAL_FACTOR
+
+
 def page_tokens(preset: ModelPreset) -> int:
     """Tokens per pool page: one latent frame at the preset's native resolution."""
-    return preset.dit.tokens_per_frame(
-        preset.video.height // VAE_SPATIAL_FACTOR, preset.video.width // VAE_SPATIAL_FACTOR
-    )
+    return preset.dit.tokens_per_frame(*native_latent_size(preset))
 
 
 def session_shape(preset: ModelPreset, width: int, height: int, num_blocks: int | None) -> SessionShape:

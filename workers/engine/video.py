@@ -4,6 +4,10 @@ A `VideoSession` wraps a `GenerationSession` with the prompt encoder and the str
 decoder: each `next_block()` returns the block's clean latents (what a store persists) and its
 decoded RGB frames (what the streamer shows). Because `inferix generate` and the worker service
 run this same code, a session served through the mesh gives the same frames as the CLI.
+
+On a sequence-parallel worker pod (`VideoGenerator(model, driver=...)`, rank 0) the session is a
+`PodSession`: the DiT steps run on every rank, while the text encoder and the VAE decode run here,
+on rank 0 only; the other ranks receive prompt embeddings, never text, and decode nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from inferix.profiling import profile
 from workers.engine.kv.pool import KVPool
 from workers.engine.model_dir import LoadedModel
 from workers.engine.models.wan.vae import VAEDecodeState
+from workers.engine.parallel.runner import PodDriver, PodSession
 from workers.engine.pipeline import BlockDiffusionPipeline, CommittedBlock, GenerationSession
 
 
@@ -86,6 +91,7 @@ class VideoSession:
         seed: int,
         num_blocks: int | None,
         session_id: str,
+        driver: PodDriver | None = None,
     ) -> None:
         factor = model.vae.config.spatial_factor
         multiple = factor * model.dit.config.patch_size[1]
@@ -94,14 +100,14 @@ class VideoSession:
         self.model = model
         self.width, self.height = width, height
         self.prompt_text = prompt
-        self.session: GenerationSession = pipeline.open_session(
-            self._encode(prompt),
-            height // factor,
-            width // factor,
-            seed=seed,
-            num_blocks=num_blocks,
-            session_id=session_id,
-        )
+        embeds = self._encode(prompt)
+        size = (height // factor, width // factor)
+        # The block loop: in this process, or (rank 0 of a worker pod) on every rank of the pod.
+        self.session: GenerationSession | PodSession
+        if driver is None:
+            self.session = pipeline.open_session(embeds, *size, seed=seed, num_blocks=num_blocks, session_id=session_id)
+        else:
+            self.session = PodSession(driver, session_id, embeds, *size, seed=seed, num_blocks=num_blocks)
         self.decode_state: VAEDecodeState = model.vae.new_decode_state()
         self.next_frame = 0
 
@@ -186,11 +192,22 @@ class VideoSession:
 
 
 class VideoGenerator:
-    """A loaded model plus its block pipeline and KV pool; opens `VideoSession`s."""
+    """A loaded model plus its block pipeline and KV pool; opens `VideoSession`s.
 
-    def __init__(self, model: LoadedModel, pool: KVPool | None = None) -> None:
+    With `driver` (rank 0 of a worker pod) the pipeline and pool are the driver's, and sessions
+    open on every rank of the pod.
+    """
+
+    def __init__(self, model: LoadedModel, pool: KVPool | None = None, driver: PodDriver | None = None) -> None:
+        if driver is not None and pool is not None:
+            raise ValueError("a pod's KV pool is its driver's pipeline's: pass pool or driver, not both")
         self.model = model
-        self.pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config, pool)
+        self.driver = driver
+        self.pipeline = (
+            driver.engine.pipeline
+            if driver is not None
+            else BlockDiffusionPipeline(model.dit, model.pipeline_config, pool)
+        )
 
     def open(
         self,
@@ -211,4 +228,5 @@ class VideoGenerator:
             seed,
             num_blocks,
             session_id or uuid.uuid4().hex,
+            self.driver,
         )

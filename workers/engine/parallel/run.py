@@ -5,8 +5,10 @@
     torchrun --nproc-per-node 2 -m workers.engine.parallel.run golden tests/golden --strategy ring-pass-q
     python -m workers.engine.parallel.run plan --dit-config wan2.1-1.3b --world-size 2 4 8
 
-The worker service calls `run_pod(spec, serve)` on every rank: rank 0 runs `serve(driver)` (the
-gRPC server, which drives the pod through `PodDriver`) while the other ranks follow in lockstep.
+`run_pod(spec, serve)` runs on every rank: rank 0 runs `serve(driver)` (driving the pod through
+`PodDriver`) while the other ranks follow in lockstep. The worker service (`python -m workers`
+under torchrun, see `workers/pod.py`) loads its model its own way and shares `init_distributed`
+and `serve_pod` with it.
 """
 
 from __future__ import annotations
@@ -79,12 +81,13 @@ class PodSpec:
         )
 
 
-def init_distributed() -> torch.device:
+def init_distributed(device_type: str | None = None) -> torch.device:
     """Join the pod torchrun started (env:// rendezvous): NCCL on GPUs, gloo on CPU.
 
+    `device_type` "cuda" or "cpu" (e.g. a worker's --device); None = cuda when available.
     Returns this rank's device (cuda:LOCAL_RANK, or the CPU).
     """
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() if device_type is None else device_type.startswith("cuda")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     if not dist.is_initialized():
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -116,13 +119,12 @@ def build_pod(spec: PodSpec, device: torch.device) -> tuple[PodEngine, PlanChoic
     return PodEngine(pipeline), choice
 
 
-def run_pod(spec: PodSpec, serve: Callable[[PodDriver], None], sink: BlockSink | None = None) -> None:
-    """Run a pod: call on every rank. Rank 0 runs `serve(driver)`; the others follow until it returns.
+def serve_pod(engine: PodEngine, serve: Callable[[PodDriver], None], sink: BlockSink | None = None) -> None:
+    """Call on every rank once its engine is built: rank 0 runs `serve(driver)`, the others follow.
 
-    `sink` receives every finished block on rank 0 only (the VAE decode / streamer hand-off).
+    Rank 0 shuts the followers down when `serve` returns or fails (after the command in flight), so
+    they return from here too. Every rank creates the control group here, after its own groups.
     """
-    device = init_distributed()
-    engine, _ = build_pod(spec, device)
     channel = ControlChannel()
     if dist.get_rank() != 0:
         follow(engine, channel)
@@ -132,6 +134,16 @@ def run_pod(spec: PodSpec, serve: Callable[[PodDriver], None], sink: BlockSink |
         serve(driver)
     finally:
         driver.shutdown()
+
+
+def run_pod(spec: PodSpec, serve: Callable[[PodDriver], None], sink: BlockSink | None = None) -> None:
+    """Run a pod: call on every rank. Rank 0 runs `serve(driver)`; the others follow until it returns.
+
+    `sink` receives every finished block on rank 0 only (the VAE decode / streamer hand-off).
+    """
+    device = init_distributed()
+    engine, _ = build_pod(spec, device)
+    serve_pod(engine, serve, sink)
 
 
 # ---- command line -----------------------------------------------------------------------------

@@ -8,20 +8,28 @@ shapes; only tensors of the block, never per-rank decisions, differ between them
 
 Everything after the DiT is rank 0's alone: finished blocks go to the `BlockSink` given to
 `PodDriver` (the streaming VAE decode and the hand-off to the streamer), never to the followers.
+The worker service holds each session as a `PodSession`: the surface of a `GenerationSession`
+(what `VideoSession` and the service call), every call of which is a pod command.
+
+Commands go out strictly one at a time: `PodDriver` sends and executes each under one lock, so two
+threads of rank 0 can never interleave their collectives.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from inferix.errors import InferixError
+from workers.engine.kv.pool import PagedSessionCache, SessionUsage
 from workers.engine.models.wan.vae import VAEDecodeState, WanVAE
 from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, CommittedBlock, GenerationSession
 
@@ -65,23 +73,43 @@ class CloseSession:
 
 
 @dataclass(frozen=True)
+class Offload:
+    """Move a session's KV pages to host memory (every rank holds its own shard of them)."""
+
+    session_id: str
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """Start bringing an offloaded session's KV pages back to the device, on every rank."""
+
+    session_id: str
+
+
+@dataclass(frozen=True)
 class Shutdown:
     pass
 
 
-Command = OpenSession | SetPrompt | GenerateBlock | Replay | CloseSession | Shutdown
+Command = OpenSession | SetPrompt | GenerateBlock | Replay | CloseSession | Offload | Prefetch | Shutdown
+COMMANDS = (OpenSession, SetPrompt, GenerateBlock, Replay, CloseSession, Offload, Prefetch, Shutdown)
 BlockSink = Callable[[str, BlockOutput], None]
+# Followers wait in `receive` for as long as the worker is idle: far beyond the default process-group
+# timeout (30 min), after which gloo would end the wait with an error and the pod would die.
+CONTROL_TIMEOUT = timedelta(days=365)
 
 
 class ControlChannel:
     """Rank 0 -> every rank: commands as pickled objects on a CPU (gloo) group.
 
     Commands are small (a prompt's embeddings at most); a separate gloo group keeps them off the
-    NCCL stream and works before any GPU tensor exists.
+    NCCL stream and works before any GPU tensor exists. Its timeout is `CONTROL_TIMEOUT`, so an
+    idle pod waits for its next command instead of timing out. Creating the group is a collective:
+    every rank builds its channel at the same point of its start-up (after `SequenceParallel`).
     """
 
     def __init__(self) -> None:
-        self.group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self.group = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
         self.is_driver = dist.get_rank() == 0
 
     def send(self, command: Command) -> None:
@@ -93,7 +121,7 @@ class ControlChannel:
         box: list[object] = [None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         command = box[0]
-        if not isinstance(command, OpenSession | SetPrompt | GenerateBlock | Replay | CloseSession | Shutdown):
+        if not isinstance(command, COMMANDS):
             raise RuntimeError(f"pod control channel carried {type(command).__name__}, not a command")
         return command
 
@@ -140,6 +168,10 @@ class PodEngine:
         elif isinstance(command, CloseSession):
             self._session(command.session_id).close()
             del self.sessions[command.session_id]
+        elif isinstance(command, Offload):
+            self._session(command.session_id).cache.offload()
+        elif isinstance(command, Prefetch):
+            self._session(command.session_id).cache.prefetch()
         return None
 
     def _session(self, session_id: str) -> GenerationSession:
@@ -150,14 +182,26 @@ class PodEngine:
 
 
 class PodDriver:
-    """Rank 0's handle on the pod: the calls the worker service makes."""
+    """Rank 0's handle on the pod: the calls the worker service makes.
+
+    Thread-safe: each command is broadcast and executed under one lock, so commands reach every
+    rank in one order and the collectives of two commands never interleave.
+    """
 
     def __init__(self, engine: PodEngine, channel: ControlChannel, sink: BlockSink | None = None) -> None:
         self.engine = engine
         self.channel = channel
         self.sink = sink
+        self._lock = threading.Lock()
+        self._shut_down = False
 
     def _run(self, command: Command) -> BlockOutput | None:
+        with self._lock:
+            return self._run_locked(command)
+
+    def _run_locked(self, command: Command) -> BlockOutput | None:
+        if self._shut_down:
+            raise InferixError(f"the pod is shut down: cannot run {type(command).__name__}")
         self.channel.send(command)
         return self.engine.execute(command)
 
@@ -178,10 +222,11 @@ class PodDriver:
 
     def generate_block(self, session_id: str) -> BlockOutput:
         """Every rank steps this block together; then rank 0 alone hands it to the sink."""
-        block = self._run(GenerateBlock(session_id))
-        assert block is not None
-        if self.sink is not None:
-            self.sink(session_id, block)
+        with self._lock:
+            block = self._run_locked(GenerateBlock(session_id))
+            assert block is not None
+            if self.sink is not None:
+                self.sink(session_id, block)
         return block
 
     def replay(self, session_id: str, blocks: list[CommittedBlock], next_block: int | None = None) -> None:
@@ -191,9 +236,86 @@ class PodDriver:
     def close_session(self, session_id: str) -> None:
         self._run(CloseSession(session_id))
 
+    def offload(self, session_id: str) -> None:
+        """Move the session's KV pages to host memory on every rank (`KVCapacityError` if no room)."""
+        self._run(Offload(session_id))
+
+    def prefetch(self, session_id: str) -> None:
+        self._run(Prefetch(session_id))
+
     def shutdown(self) -> None:
-        """Release the followers (they return from `follow`)."""
-        self.channel.send(Shutdown())
+        """Release the followers (they return from `follow`); waits for the command in flight. Idempotent."""
+        with self._lock:
+            if not self._shut_down:
+                self._shut_down = True
+                self.channel.send(Shutdown())
+
+
+class PodSessionCache:
+    """`PodSession.cache`: offload / prefetch are pod commands; usage is rank 0's shard (every rank's
+    page table is the same, so its page counts are the pod's)."""
+
+    def __init__(self, driver: PodDriver, session_id: str, local: PagedSessionCache) -> None:
+        self.driver = driver
+        self.session_id = session_id
+        self.local = local
+
+    def offload(self) -> None:
+        self.driver.offload(self.session_id)
+
+    def prefetch(self) -> None:
+        self.driver.prefetch(self.session_id)
+
+    def usage(self) -> SessionUsage:
+        return self.local.usage()
+
+
+class PodSession:
+    """Rank 0's proxy of one session of the pod, with the surface of a `GenerationSession` that
+    `VideoSession` and the worker service use. Opening it opens the session on every rank; every
+    call that changes it is a pod command. Its counters are rank 0's own session's (all ranks agree).
+    """
+
+    def __init__(
+        self,
+        driver: PodDriver,
+        session_id: str,
+        prompt_embeds: Tensor,
+        latent_height: int,
+        latent_width: int,
+        *,
+        seed: int = 0,
+        num_blocks: int | None = None,
+    ) -> None:
+        driver.open_session(session_id, prompt_embeds, latent_height, latent_width, seed=seed, num_blocks=num_blocks)
+        self.driver = driver
+        self.local: GenerationSession = driver.engine.sessions[session_id]
+        self.cache = PodSessionCache(driver, session_id, self.local.cache)
+
+    @property
+    def session_id(self) -> str:
+        return self.local.session_id
+
+    @property
+    def next_block(self) -> int:
+        return self.local.next_block
+
+    @property
+    def finished(self) -> bool:
+        return self.local.finished
+
+    def generate_block(self) -> BlockOutput:
+        return self.driver.generate_block(self.session_id)
+
+    def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None:
+        self.driver.set_prompt(self.session_id, prompt_embeds, recache)
+
+    def replay(self, blocks: Sequence[CommittedBlock], next_block: int | None = None) -> None:
+        self.driver.replay(self.session_id, list(blocks), next_block)
+
+    def close(self) -> None:
+        if not self.local.closed:
+            self.driver.close_session(self.session_id)
 
 
 def follow(engine: PodEngine, channel: ControlChannel) -> None:
@@ -238,12 +360,18 @@ class VAEDecodeSink:
 __all__ = [
     "BlockSink",
     "CloseSession",
+    "COMMANDS",
+    "CONTROL_TIMEOUT",
     "Command",
     "ControlChannel",
     "GenerateBlock",
+    "Offload",
     "OpenSession",
     "PodDriver",
     "PodEngine",
+    "PodSession",
+    "PodSessionCache",
+    "Prefetch",
     "Replay",
     "SetPrompt",
     "Shutdown",
