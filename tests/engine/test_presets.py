@@ -103,7 +103,7 @@ def test_unknown_preset_lists_the_available_ones() -> None:
 
 @pytest.fixture(scope="module")
 def tiny() -> LoadedModel:
-    return load_model()
+    return load_model("tiny")
 
 
 def test_byte_level_tokenizer() -> None:
@@ -129,7 +129,7 @@ def test_tiny_model_generates_a_block(tiny: LoadedModel) -> None:
 
 
 def test_tiny_model_is_deterministic(tiny: LoadedModel) -> None:
-    again = load_model(None, dtype="bf16")
+    again = load_model("tiny", dtype="bf16")
     ours, theirs = tiny.dit.state_dict(), again.dit.state_dict()
     assert all(theirs[k].dtype == torch.bfloat16 and torch.equal(theirs[k], v.bfloat16()) for k, v in ours.items())
 

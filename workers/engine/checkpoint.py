@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import torch
 from safetensors.torch import load_file
@@ -39,7 +39,8 @@ from inferix.errors import CheckpointError, UserError
 from workers.engine.config import WanDiTConfig
 from workers.engine.models.wan.dit import CausalWanDiT
 
-if TYPE_CHECKING:  # the VAE module is imported where used (see load_vae)
+if TYPE_CHECKING:  # the VAE modules are imported where used (see load_vae)
+    from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig
     from workers.engine.models.wan.vae import WanVAE, WanVAEConfig
 
 __all__ = [
@@ -486,14 +487,40 @@ def load_dit(
     )
 
 
+@overload
+def load_vae(
+    path: str | Path, config: WanVAEConfig, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+) -> WanVAE: ...
+
+
+@overload
+def load_vae(
+    path: str | Path, config: PatchVAEConfig, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+) -> PatchVAE: ...
+
+
 def load_vae(
     path: str | Path,
-    config: WanVAEConfig,
+    config: WanVAEConfig | PatchVAEConfig,
     dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
-) -> WanVAE:
-    """Load a Wan VAE from ``Wan2.1_VAE.pth`` (the reference ``WanVAE_`` state dict) or a safetensors copy."""
+) -> WanVAE | PatchVAE:
+    """Load a Wan VAE from ``Wan2.1_VAE.pth`` (the reference ``WanVAE_`` state dict) or a safetensors copy,
+    or a patch autoencoder (``vae.type: patch``) from its state dict."""
+    from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig
     from workers.engine.models.wan.vae import WanVAE  # imported here: the VAE need not load for the DiT
+
+    if isinstance(config, PatchVAEConfig):
+        patch_config = config
+        return load_into(
+            lambda: PatchVAE(patch_config),
+            read_state_dict(path, "VAE checkpoint", "Expected the patch autoencoder's state dict."),
+            path,
+            dtype=dtype,
+            device=device,
+            what="patch autoencoder",
+            hint="check the vae section of the preset / model.yaml (patch, z_dim, hidden)",
+        )
 
     return load_into(
         lambda: WanVAE(config),

@@ -17,6 +17,8 @@ few-step model): name it in ``files.dit`` explicitly.
 
 Without a folder, `load_model` builds the ``tiny`` preset: deterministic random weights and a
 byte-level tokenizer, made in-process, so generation works on a machine with no downloads.
+``toyworld`` names the model folder that `make train-toyworld` writes into the package
+(``models/toyworld/weights``): a tiny causal Wan model of the toyworld simulator.
 """
 
 from __future__ import annotations
@@ -33,18 +35,35 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from inferix.errors import UserError
 from workers.engine.checkpoint import load_dit, load_into, load_vae, parse_dtype, seeded_state_dict
+from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.models.wan.text_encoder import PromptEncoder, UMT5Encoder
 from workers.engine.models.wan.tokenizer import EOS_TOKEN, PAD_TOKEN, TOKENIZER_JSON, PromptTokenizer
 from workers.engine.models.wan.vae import WanVAE
 from workers.engine.pipeline import PipelineConfig
-from workers.engine.presets import DEFAULT_PRESET, ModelFiles, ModelPreset, available_presets, load_preset, read_yaml
+from workers.engine.presets import ModelFiles, ModelPreset, available_presets, load_preset, read_yaml
 
-__all__ = ["MODEL_YAML", "LoadedModel", "ModelDirectory", "byte_level_tokenizer", "load_model", "resolve_model_dir"]
+__all__ = [
+    "MODEL_YAML",
+    "LoadedModel",
+    "ModelDirectory",
+    "BUILTIN_MODELS",
+    "DEFAULT_MODEL",
+    "TOYWORLD_WEIGHTS",
+    "builtin_model_name",
+    "byte_level_tokenizer",
+    "load_model",
+    "resolve_model_dir",
+    "write_byte_level_tokenizer",
+]
 
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 MODEL_YAML = "model.yaml"
+# Built-in models, by name: random-weight tiny, and toyworld (trained into the package folder).
+TOYWORLD_WEIGHTS = Path(__file__).resolve().parent / "models" / "toyworld" / "weights"
+BUILTIN_MODELS = ("toyworld", "tiny")
+DEFAULT_MODEL = "tiny"
 UNK_TOKEN = "<unk>"
 # Ids of the byte-level tokenizer: T5's special ids first (pad 0, eos 1, unk 2), then one per byte.
 BYTE_TOKENIZER_SPECIALS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
@@ -69,7 +88,7 @@ class LoadedModel:
 
     preset: ModelPreset
     dit: CausalWanDiT
-    vae: WanVAE
+    vae: WanVAE | PatchVAE
     prompt_encoder: PromptEncoder
     source: Path | None  # the model folder; None for built-in random weights
 
@@ -150,7 +169,7 @@ def resolve_model_dir(path: str | Path) -> ModelDirectory:
     if files is None:
         raise UserError(
             f"{yaml_path}: preset {preset.name!r} has built-in random weights and reads no files; "
-            "omit --model to run it"
+            f"run it with --model {preset.name}"
         )
     base_how = _how(files.base_source, root, "the Wan2.1-T2V-1.3B release files")
     dit = next((root / f for f in files.dit if (root / f).exists()), None)
@@ -175,20 +194,28 @@ def _how(source: str, root: Path, what: str) -> str:
     return f"{get} (or set its path under 'files:' in {root / MODEL_YAML})"
 
 
-def byte_level_tokenizer(text_len: int) -> PromptTokenizer:
-    """A tokenizer with one token per UTF-8 byte (plus pad / EOS / unk), for the built-in tiny model.
+def write_byte_level_tokenizer(folder: Path) -> Path:
+    """Write the byte-level tokenizer's ``tokenizer.json`` into ``folder`` (made if missing); returns its path.
 
-    Deterministic and built from code, so the tiny model needs no download: a byte-level BPE without
-    merges in the HF ``tokenizers`` format, written to a temporary folder only long enough for
-    `PromptTokenizer` (which reads ``tokenizer.json`` the same way as umt5's) to load it.
+    One token per UTF-8 byte plus pad / EOS / unk: a byte-level BPE without merges in the HF
+    ``tokenizers`` format, which `PromptTokenizer` reads the same way as umt5's. Built from code, so
+    the models that use it (tiny, toyworld) need no download.
     """
     vocab = {token: i for i, token in enumerate(BYTE_TOKENIZER_SPECIALS)}
     for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
         vocab[char] = len(vocab)
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / TOKENIZER_JSON
+    tokenizer.save(str(path))
+    return path
+
+
+def byte_level_tokenizer(text_len: int) -> PromptTokenizer:
+    """The byte-level tokenizer (see `write_byte_level_tokenizer`), for the built-in tiny model."""
     with tempfile.TemporaryDirectory(prefix="inferix-byte-tokenizer-") as folder:
-        tokenizer.save(str(Path(folder) / TOKENIZER_JSON))
+        write_byte_level_tokenizer(Path(folder))
         return PromptTokenizer(folder, text_len=text_len)
 
 
@@ -202,10 +229,21 @@ def _load_random(preset: ModelPreset, dtype: torch.dtype, device: torch.device |
         return load_into(factory, seeded_state_dict(factory, seed), source, dtype=dtype, device=device)
 
     dit = build(lambda: CausalWanDiT(preset.dit, attention_backend=backend))
-    vae = build(lambda: WanVAE(preset.vae))
+    vae_config = preset.vae
+    vae: WanVAE | PatchVAE = (
+        build(lambda: PatchVAE(vae_config))
+        if isinstance(vae_config, PatchVAEConfig)
+        else build(lambda: WanVAE(vae_config))
+    )
     encoder = build(lambda: UMT5Encoder(preset.text_encoder))
     tokenizer = byte_level_tokenizer(preset.text_encoder.text_len)
     return LoadedModel(preset, dit, vae, PromptEncoder(tokenizer, encoder), source=None)
+
+
+def builtin_model_name(path: str | Path) -> str | None:
+    """The built-in model ``path`` names ("toyworld", "tiny"), unless a folder of that name exists."""
+    name = str(path)
+    return name if name in BUILTIN_MODELS and not Path(name).exists() else None
 
 
 def load_model(
@@ -214,14 +252,24 @@ def load_model(
     device: torch.device | str = "cpu",
     attention_backend: str = "auto",
 ) -> LoadedModel:
-    """Load the model of a model folder, or the built-in ``tiny`` model when ``path`` is None.
+    """Load the model of a model folder, or a built-in model: ``tiny`` (the default when ``path`` is
+    None; random weights, for smoke tests) or ``toyworld`` (the weights `make train-toyworld` wrote).
 
     All three networks get ``dtype`` (fp32 / bf16 / fp16) and ``device``.
     """
     weight_dtype = parse_dtype(dtype)
-    if path is None:
-        return _load_random(load_preset(DEFAULT_PRESET), weight_dtype, device, attention_backend)
-    folder = resolve_model_dir(path)
+    source = DEFAULT_MODEL if path is None else path
+    builtin = builtin_model_name(source)
+    if builtin == "tiny":
+        return _load_random(load_preset("tiny"), weight_dtype, device, attention_backend)
+    if builtin == "toyworld":
+        if not (TOYWORLD_WEIGHTS / MODEL_YAML).is_file():
+            raise UserError(
+                f"the toyworld weights are missing from {TOYWORLD_WEIGHTS}; "
+                "train them with `make train-toyworld`, or pass --model tiny / a model folder"
+            )
+        source = TOYWORLD_WEIGHTS
+    folder = resolve_model_dir(source)
     preset = folder.preset
     dit = load_dit(
         folder.dit,

@@ -22,12 +22,12 @@ import yaml
 from inferix.errors import UserError
 from workers.engine.checkpoint import DiTWeights
 from workers.engine.config import BlockConfig, FlowMatchConfig, SamplingConfig, WanDiTConfig
+from workers.engine.models.patch_vae import PatchVAEConfig
 from workers.engine.models.wan.text_encoder import UMT5Config
 from workers.engine.models.wan.vae import WanVAEConfig
 from workers.engine.pipeline import PipelineConfig
 
 __all__ = [
-    "DEFAULT_PRESET",
     "ModelFiles",
     "ModelPreset",
     "VideoDefaults",
@@ -37,8 +37,6 @@ __all__ = [
     "read_yaml",
 ]
 
-# The preset used when no model is given: random weights built in-process, no files needed.
-DEFAULT_PRESET = "tiny"
 _PRESET_DIR = "presets"
 T = TypeVar("T")
 _SECTIONS = ("name", "description", "dit", "pipeline", "vae", "text_encoder", "video", "files", "random_weights")
@@ -96,7 +94,7 @@ class ModelPreset:
     description: str
     dit: WanDiTConfig
     pipeline: PipelineConfig
-    vae: WanVAEConfig
+    vae: WanVAEConfig | PatchVAEConfig
     text_encoder: UMT5Config
     video: VideoDefaults
     files: ModelFiles | None = None
@@ -139,7 +137,8 @@ class ModelPreset:
         sampling = dict(_section(pipeline, "sampling", f"{where}: pipeline"))
         schedule = _build(FlowMatchConfig, sampling.pop("schedule", {}), f"{where}: pipeline.sampling.schedule")
         vae_section = _section(data, "vae", where)
-        _check_keys(vae_section, [f.name for f in fields(WanVAEConfig)], f"{where}: vae")
+        vae_fields = fields(PatchVAEConfig if vae_section.get("type") == "patch" else WanVAEConfig)
+        _check_keys(vae_section, [f.name for f in vae_fields], f"{where}: vae")
         random = data.get("random_weights")
         files = data.get("files")
         try:
@@ -153,7 +152,7 @@ class ModelPreset:
                     ),
                     sampling=_build(SamplingConfig, {**sampling, "schedule": schedule}, f"{where}: pipeline.sampling"),
                 ),
-                vae=_call(WanVAEConfig.from_dict, vae_section, f"{where}: vae"),
+                vae=_call(_vae_config, vae_section, f"{where}: vae"),
                 text_encoder=_call(
                     UMT5Config.from_dict, _section(data, "text_encoder", where), f"{where}: text_encoder"
                 ),
@@ -165,6 +164,13 @@ class ModelPreset:
             if isinstance(exc, UserError):
                 raise
             raise UserError(f"{where}: {exc}") from exc
+
+
+def _vae_config(section: Mapping[str, Any]) -> WanVAEConfig | PatchVAEConfig:
+    """`type: patch` selects the pixel-space patch autoencoder; otherwise the Wan VAE."""
+    if section.get("type") == "patch":
+        return PatchVAEConfig.from_dict(section)
+    return WanVAEConfig.from_dict(section)
 
 
 def _check_keys(data: Mapping[str, Any], known: Iterable[str], where: str) -> None:

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -25,9 +26,16 @@ from inferix.errors import UserError
 from inferix.profiling import profile
 from workers.engine.kv.pool import KVPool
 from workers.engine.model_dir import LoadedModel
-from workers.engine.models.wan.vae import VAEDecodeState
 from workers.engine.parallel.runner import PodDriver, PodSession
 from workers.engine.pipeline import BlockDiffusionPipeline, CommittedBlock, GenerationSession
+
+
+class BlockDecoder(Protocol):
+    """What a session needs of its VAE (`WanVAE`, `PatchVAE`): streaming decode, block by block."""
+
+    def new_decode_state(self) -> Any: ...
+
+    def decode_block(self, latents_block: Tensor, state: Any) -> Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -108,7 +116,8 @@ class VideoSession:
             self.session = pipeline.open_session(embeds, *size, seed=seed, num_blocks=num_blocks, session_id=session_id)
         else:
             self.session = PodSession(driver, session_id, embeds, *size, seed=seed, num_blocks=num_blocks)
-        self.decode_state: VAEDecodeState = model.vae.new_decode_state()
+        self.decoder: BlockDecoder = model.vae
+        self.decode_state = self.decoder.new_decode_state()
         self.next_frame = 0
 
     @property
@@ -138,7 +147,7 @@ class VideoSession:
         block = self.session.generate_block()
         began = time.perf_counter()
         with profile("vae_decode"):
-            video = self.model.vae.decode_block(block.latents, self.decode_state)
+            video = self.decoder.decode_block(block.latents, self.decode_state)
             frames = to_uint8_frames(video)
         decode_s = time.perf_counter() - began
         first = self.next_frame
@@ -174,10 +183,10 @@ class VideoSession:
                 embeds[text] = self._encode(text)
             blocks.append(CommittedBlock(start, latents, embeds[text]))
         self.session.replay(blocks, next_block=len(blocks))
-        self.decode_state = self.model.vae.new_decode_state()
+        self.decode_state = self.decoder.new_decode_state()
         self.next_frame = 0
         for _, latents, _ in committed:
-            self.next_frame += self.model.vae.decode_block(latents, self.decode_state).shape[1]
+            self.next_frame += self.decoder.decode_block(latents, self.decode_state).shape[1]
         if committed:
             self.prompt_text = committed[-1][2]
 

@@ -1,0 +1,100 @@
+"""How well a model plays the toyworld: colour fidelity, prompt changes, drift over long videos.
+
+Every number compares pixels of a generated video with what the simulator says the scene holds
+(`measure.py` reads both the same way): is the object there and on screen, is its colour the
+prompt's, is its area the simulator's. Used by the tests and by `bench/toyworld.py`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from workers.engine.models.toyworld.measure import dominant_colour, read_frame
+from workers.engine.models.toyworld.world import SceneSpec, frames_in_blocks, simulate
+from workers.engine.video import VideoGenerator
+
+# The object's centroid must stay this many pixels inside the frame to count as on screen.
+ON_SCREEN_MARGIN = 2.0
+
+
+@dataclass(frozen=True)
+class BlockStats:
+    """One block of a video, read from its pixels."""
+
+    index: int
+    first_frame: int
+    present: float  # share of frames with an object
+    on_screen: float  # share of frames with an object whose centroid is inside the frame
+    colour_match: float  # share of frames whose object colour is the expected one
+    area: float  # mean object area (pixels) over the frames with an object
+
+
+def block_stats(index: int, first_frame: int, frames: np.ndarray, colour: str) -> BlockStats:
+    readings = [read_frame(f) for f in frames]
+    height, width = frames.shape[1:3]
+    present = [r for r in readings if r.present]
+
+    def inside(x: float, y: float) -> bool:
+        m = ON_SCREEN_MARGIN
+        return m <= x <= width - m and m <= y <= height - m
+
+    on_screen = [r for r in present if r.centroid is not None and inside(*r.centroid)]
+    n = len(readings)
+    return BlockStats(
+        index=index,
+        first_frame=first_frame,
+        present=len(present) / n,
+        on_screen=len(on_screen) / n,
+        colour_match=sum(r.colour == colour for r in present) / n,
+        area=float(np.mean([r.area for r in present])) if present else 0.0,
+    )
+
+
+def generate_blocks(
+    generator: VideoGenerator,
+    prompt: str,
+    blocks: int,
+    seed: int,
+    changes: dict[int, str] | None = None,
+) -> list[np.ndarray]:
+    """uint8 frames [T, H, W, 3] of each block; `changes` maps block -> prompt applied from it."""
+    out = []
+    with generator.open(prompt, seed=seed, num_blocks=blocks) as video:
+        for index in range(blocks):
+            if changes and index in changes:
+                video.set_prompt(changes[index])
+            out.append(video.next_block().frames)
+    return out
+
+
+def video_stats(frame_blocks: list[np.ndarray], colours: list[str]) -> list[BlockStats]:
+    stats, first = [], 0
+    for index, (frames, colour) in enumerate(zip(frame_blocks, colours, strict=True)):
+        stats.append(block_stats(index, first, frames, colour))
+        first += frames.shape[0]
+    return stats
+
+
+def simulator_stats(spec: SceneSpec, blocks: int, seed: int) -> list[BlockStats]:
+    """The same measurements on the simulator's own rollout of the scene: the reference curves."""
+    clip = simulate(spec, blocks, random.Random(seed))
+    bounds = np.cumsum([0, *frames_in_blocks(blocks, 3)])
+    return video_stats([clip.frames[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], clip.block_colours)
+
+
+def colour_of_blocks(frame_blocks: list[np.ndarray]) -> list[str | None]:
+    return [dominant_colour(frames) for frames in frame_blocks]
+
+
+__all__ = [
+    "ON_SCREEN_MARGIN",
+    "BlockStats",
+    "block_stats",
+    "colour_of_blocks",
+    "generate_blocks",
+    "simulator_stats",
+    "video_stats",
+]
