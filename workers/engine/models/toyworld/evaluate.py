@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workers.engine.models.toyworld.measure import dominant_colour, read_frame
-from workers.engine.models.toyworld.world import SceneSpec, frames_in_blocks, simulate
+from workers.engine.models.toyworld.world import SceneSpec, simulate
 from workers.engine.video import VideoGenerator
 
 # The object's centroid must stay this many pixels inside the frame to count as on screen.
@@ -81,7 +81,7 @@ def video_stats(frame_blocks: list[np.ndarray], colours: list[str]) -> list[Bloc
 def simulator_stats(spec: SceneSpec, blocks: int, seed: int) -> list[BlockStats]:
     """The same measurements on the simulator's own rollout of the scene: the reference curves."""
     clip = simulate(spec, blocks, random.Random(seed))
-    bounds = np.cumsum([0, *frames_in_blocks(blocks, 3)])
+    bounds = np.cumsum([0, *clip.block_frames])
     return video_stats([clip.frames[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], clip.block_colours)
 
 

@@ -188,6 +188,7 @@ class Clip:
     """Rendered frames of one simulated video, with the prompt of every latent block."""
 
     frames: np.ndarray  # uint8 [T, H, W, 3]
+    block_frames: list[int]  # frames of each block
     block_prompts: list[str]
     block_colours: list[str]
     spec: SceneSpec
@@ -221,7 +222,8 @@ def simulate(
     prompts: list[str] = []
     colours: list[str] = []
     prompt = spec.prompt()
-    for block, count in enumerate(frames_in_blocks(blocks, frames_per_block)):
+    counts = frames_in_blocks(blocks, frames_per_block)
+    for block, count in enumerate(counts):
         new = (changes or {}).get(block)
         if new is not None and new != world.colour:
             world.colour = new
@@ -231,14 +233,15 @@ def simulate(
         for _ in range(count):
             frames.append(world.render())
             world.step()
-    return Clip(np.stack(frames), prompts, colours, spec)
+    return Clip(np.stack(frames), counts, prompts, colours, spec)
 
 
-def random_clip(rng: random.Random, blocks: int, change_probability: float = 0.4, **kwargs: object) -> Clip:
+def random_clip(rng: random.Random, blocks: int, change_probability: float = 0.4, frames_per_block: int = 3) -> Clip:
     """A random scene, with a colour change at a random block boundary with `change_probability`."""
     spec = rng.choice(all_scene_specs())
     changes = None
     if blocks > 1 and rng.random() < change_probability:
         colour = rng.choice([c for c in PALETTE if c != spec.colour])
         changes = {rng.randrange(1, blocks): colour}
-    return simulate(spec, blocks, rng, changes=changes, full_change_prompts=rng.random() < 0.3, **kwargs)  # type: ignore[arg-type]
+    full = rng.random() < 0.3
+    return simulate(spec, blocks, rng, frames_per_block=frames_per_block, changes=changes, full_change_prompts=full)
