@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit, tiny_pipeline
-from workers.engine.config import BlockConfig, WanDiTConfig
+from workers.engine.config import BlockConfig, SamplingConfig, WanDiTConfig
 from workers.engine.kv import ContiguousKVCache, KVCapacityError, KVPool
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.noise import SeededNoise, draw_seed
-from workers.engine.pipeline import BlockDiffusionPipeline, CommittedBlock
+from workers.engine.pipeline import BlockDiffusionPipeline, CommittedBlock, PipelineConfig
 
 ROLLING = BlockConfig(num_frame_per_block=2, local_attn_size=5, sink_size=1)
 
@@ -70,6 +70,32 @@ def test_paged_cache_equals_the_contiguous_reference_layout_through_the_dit() ->
                     x = sched.add_noise(x0, eps, torch.full((1, 2), float(steps[i + 1])))
             dit(x0, torch.zeros(1, 2), text, ref_cache, 2 * blk)
             torch.testing.assert_close(x0, paged[blk], rtol=0, atol=1e-5)
+
+
+def test_euler_solver_integrates_the_flow_ode_without_fresh_noise() -> None:
+    steps = (1000, 750, 500, 250)
+    euler = PipelineConfig(block=ROLLING, sampling=SamplingConfig(denoising_steps=steps, solver="euler"))
+    pipeline = BlockDiffusionPipeline(tiny_dit(), euler)
+    generated = run(pipeline, 3)
+    dit, sched = pipeline.dit, pipeline.schedule
+    tokens = TINY_DIT.tokens_per_frame(LATENT_H, LATENT_W)
+    ref_cache = ContiguousKVCache(
+        TINY_DIT.num_layers, TINY_DIT.num_heads, TINY_DIT.head_dim, tokens, 10, window_frames=5, sink_frames=1
+    )
+    text = dit.encode_prompt(prompt(0))
+    sigmas = [float(sched.sigma(torch.tensor([float(t)]))) for t in pipeline.timesteps] + [0.0]
+    with torch.no_grad():
+        for blk in range(3):
+            x = SeededNoise(7).initial(blk, (1, 2, 16, LATENT_H, LATENT_W))
+            for i, t_value in enumerate(pipeline.timesteps):  # x <- x + (sigma_next - sigma) * flow
+                flow = dit(x, torch.full((1, 2), float(t_value)), text, ref_cache, 2 * blk)
+                x = x + (sigmas[i + 1] - sigmas[i]) * flow
+            dit(x, torch.zeros(1, 2), text, ref_cache, 2 * blk)
+            torch.testing.assert_close(x, generated[blk], rtol=0, atol=1e-5)
+    renoised = run(tiny_pipeline(ROLLING, steps=steps), 3)
+    assert not torch.allclose(renoised[0], generated[0], atol=1e-3)
+    with pytest.raises(ValueError, match="solver must be 'renoise' or 'euler'"):
+        SamplingConfig(solver="ddim")  # type: ignore[arg-type]
 
 
 def test_prompt_change_applies_at_the_next_block_and_keeps_the_cache() -> None:

@@ -92,12 +92,19 @@ class SamplingConfig:
     each value s is replaced by the shifted schedule's timestep at index 1000 - s; without it
     (CausVid) the raw values are used. `timestep_dtype` is the dtype the reference feeds the
     model: float32 for Self Forcing, int64 for CausVid (it matters: the embedding sees it).
+
+    `solver` is how a step moves to the next timestep. ``renoise`` (Self Forcing, CausVid): re-noise
+    the step's x0 prediction with fresh noise, right for few-step distilled models, whose x0 is
+    a sample. ``euler``: the flow-matching ODE step, which keeps the step's own noise estimate
+    (x0 + flow); for models trained only with the flow-matching loss, whose x0 is a posterior
+    mean that fresh noise would blur into a grey average.
     """
 
     denoising_steps: tuple[float, ...] = (1000, 750, 500, 250)
     warp: bool = True
     timestep_dtype: Literal["float32", "int64"] = "float32"
     context_noise: float = 0.0
+    solver: Literal["renoise", "euler"] = "renoise"
     schedule: FlowMatchConfig = field(default_factory=FlowMatchConfig)
 
     def __post_init__(self) -> None:
@@ -106,6 +113,8 @@ class SamplingConfig:
             raise ValueError("denoising_steps must list at least one timestep, e.g. [1000, 750, 500, 250]")
         if self.timestep_dtype not in ("float32", "int64"):
             raise ValueError(f"timestep_dtype must be 'float32' or 'int64', got {self.timestep_dtype!r}")
+        if self.solver not in ("renoise", "euler"):
+            raise ValueError(f"solver must be 'renoise' or 'euler', got {self.solver!r}")
 
 
 @dataclass(frozen=True)

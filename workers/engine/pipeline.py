@@ -2,7 +2,8 @@
 
 For every block of `num_frame_per_block` latent frames:
   1. start from noise; for each denoising timestep: flow = DiT(x, t) against the session's KV
-     cache, x0 = x - sigma(t) * flow, then re-noise x0 to the next timestep with fresh noise;
+     cache, x0 = x - sigma(t) * flow, then re-noise x0 to the next timestep with fresh noise
+     (or, with the `euler` solver, with the noise estimate x0 + flow: the flow-matching ODE step);
   2. the last x0 is the block's output;
   3. one context pass DiT(x0, t=context_noise) re-writes the block's K/V with clean content.
 Every call of a block writes the same cache frames; the next block attends to them.
@@ -245,8 +246,7 @@ class GenerationSession:
                 step_x0.append(x0.clone())
             if i + 1 < len(steps):
                 t_next = torch.full((1, nf), 0, dtype=steps.dtype, device=device) + steps[i + 1].to(device)
-                eps = self.noise.renoise(block, i, shape).to(device)
-                x = self.pipeline.schedule.add_noise(x0, eps, t_next)
+                x = self.pipeline.schedule.add_noise(x0, self._step_noise(block, i, x0, flow), t_next)
         self._sync()
         denoised = time.perf_counter()
         with profile("context_pass"):
@@ -293,6 +293,12 @@ class GenerationSession:
         self.close()
 
     # ---- internals ------------------------------------------------------------------------
+    def _step_noise(self, block: int, step: int, x0: Tensor, flow: Tensor) -> Tensor:
+        """The noise x0 is mixed with to reach the next timestep (see `SamplingConfig.solver`)."""
+        if self.sampling.solver == "euler":
+            return x0 + flow  # the noise this step's prediction implies: x_t = (1 - s) x0 + s eps
+        return self.noise.renoise(block, step, tuple(x0.shape)).to(x0.device)
+
     def _context_timesteps(self, frames: int) -> Tensor:
         dtype = self.pipeline.timesteps.dtype
         return torch.full((1, frames), self.sampling.context_noise, device=self.pipeline.device).to(dtype)
