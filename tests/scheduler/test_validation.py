@@ -29,6 +29,13 @@ def test_defaults_are_filled() -> None:
 def test_window_models_allow_unbounded_sessions_global_ones_do_not() -> None:
     with pytest.raises(InvalidRequest, match="spec.num_blocks: .*global attention"):
         validate_spec(spec(num_blocks=0), PRESETS, 2)
+    toyworld = {"toyworld": load_preset("toyworld")}  # a 12-frame window, 3 frames per block
+    unbounded = validate_spec(spec(model="toyworld", num_blocks=0), toyworld, 2)
+    assert unbounded.num_blocks is None and unbounded.shape.pages == 12  # the window, not the length
+    assert validate_spec(spec(model="toyworld", num_blocks=5461), toyworld, 2).shape.pages == 12
+    # A window bounds the cache, not the time positions: the RoPE table (16384 frames) still ends.
+    with pytest.raises(InvalidRequest, match="spec.num_blocks: 5462 blocks need 16386 latent frames.*5461 blocks"):
+        validate_spec(spec(model="toyworld", num_blocks=5462), toyworld, 2)
 
 
 @pytest.mark.parametrize(

@@ -59,18 +59,19 @@ def session_shape(preset: ModelPreset, width: int, height: int, num_blocks: int 
             f"{preset.video.width}x{preset.video.height})"
         )
     block = preset.pipeline.block
-    if block.is_global:
-        if num_blocks is None:
-            raise UserError(
-                f"model {preset.name!r} uses global attention: an unbounded session needs a window; set num_blocks"
-            )
-        frames = num_blocks * block.num_frame_per_block
-    else:
+    if not block.is_global:
         frames = block.local_attn_size
-    if frames > preset.dit.rope_max_positions:
+    elif num_blocks is None:
         raise UserError(
-            f"{num_blocks} blocks need {frames} latent frames; model {preset.name!r} supports at most "
-            f"{preset.dit.rope_max_positions // block.num_frame_per_block} blocks"
+            f"model {preset.name!r} uses global attention: an unbounded session needs a window; set num_blocks"
+        )
+    else:
+        frames = num_blocks * block.num_frame_per_block
+    # Time positions are absolute latent frames, windowed or not: the RoPE table bounds the length.
+    if num_blocks is not None and num_blocks * block.num_frame_per_block > preset.dit.rope_max_positions:
+        raise UserError(
+            f"{num_blocks} blocks need {num_blocks * block.num_frame_per_block} latent frames; model "
+            f"{preset.name!r} supports at most {preset.dit.rope_max_positions // block.num_frame_per_block} blocks"
         )
     pages_per_frame = tokens // per_page
     return SessionShape(
