@@ -37,6 +37,7 @@ bench:
 	$(PYTHON) bench/profiler.py
 	$(PYTHON) bench/parallel.py
 	$(PYTHON) bench/streamer.py
+	$(PYTHON) bench/toyworld.py
 
 # Train the toyworld model from scratch on the CPU (seeded; ~35 min on 2 free cores).
 train-toyworld:

@@ -35,7 +35,10 @@ def parse_args() -> argparse.Namespace:
     add_server_arguments(parser, "worker", 50052)
     env = os.environ.get
     parser.add_argument(
-        "--model", type=Path, default=env("INFERIX_MODEL"), help="model folder (default: built-in tiny model)"
+        "--model",
+        type=Path,
+        default=env("INFERIX_MODEL"),
+        help="model folder, or built-in: tiny (default), toyworld",
     )
     parser.add_argument("--device", default=env("INFERIX_DEVICE", "cpu"))
     parser.add_argument("--dtype", default=env("INFERIX_DTYPE"), help="fp32, bf16, fp16 (default by device)")

@@ -29,7 +29,12 @@ def register(subparsers: Any) -> None:
             "--blocks 8 --seed 1 --out out/ball.mp4"
         ),
     )
-    parser.add_argument("--model", type=Path, default=None, help="model folder (see README: model folders)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="model folder, or built-in: tiny (default), toyworld",
+    )
     parser.add_argument("--prompt", required=True, help="the prompt from block 0")
     parser.add_argument(
         "--prompt-at",

@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
         "--device cuda; gloo on CPU). Rank 0 serves; the model's heads / tokens must split evenly. "
         "Strategy: INFERIX_SP_STRATEGY (default auto). Default 1",
     )
-    parser.add_argument("--model", type=Path, default=None, help="model folder (default: built-in tiny model)")
+    parser.add_argument("--model", type=Path, default=None, help="model folder, or built-in: tiny (default), toyworld")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-pages", type=int, default=256, help="KV pages per worker (one latent frame each)")
     parser.add_argument("--redis-url", default=None, help="use Redis for sessions and committed blocks")

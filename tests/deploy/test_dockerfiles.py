@@ -101,8 +101,10 @@ def test_dockerignore_keeps_what_the_images_copy() -> None:
         for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    for secret_or_cache in (".git", ".tools", ".venv", "tests", "out", ".env"):
+    for secret_or_cache in (".git", ".tools", ".venv", "tests", "out", ".env", "models/wan.safetensors"):
         assert _ignored(secret_or_cache, patterns), f".dockerignore should exclude {secret_or_cache}"
+    # The built-in default model is package data: the images must carry it.
+    assert not _ignored("workers/engine/models/toyworld/weights/toyworld_dit.safetensors", patterns)
     for dockerfile in DOCKERFILES:
         for keyword, args in instructions(dockerfile.name):
             if keyword != "COPY" or args.startswith("--from"):

@@ -15,7 +15,9 @@ from workers.engine.models.toyworld.train import TrainConfig, train
 from workers.engine.video import VideoGenerator
 
 WEIGHT_FILES = ("toyworld_dit.safetensors", "toyworld_vae.safetensors", "toyworld_text_encoder.safetensors")
-TINY_RUN = TrainConfig(threads=1, vae_steps=3, vae_batch=2, dit_clips=8, dit_steps=3, dit_batch=2, warmup_steps=2)
+TINY_RUN = TrainConfig(
+    threads=1, vae_steps=3, vae_batch=2, dit_clips=8, dit_steps=3, dit_batch=2, warmup_steps=2, rollout_steps=2
+)
 
 
 def weights(folder: Path) -> dict[str, dict]:
@@ -32,7 +34,11 @@ def test_training_is_seeded_and_two_stages_equal_one_run(tmp_path: Path) -> None
     assert same(weights(tmp_path / "one"), weights(tmp_path / "again"))
     train(tmp_path / "staged", TINY_RUN, vae_only=True)
     assert [p.name for p in (tmp_path / "staged").iterdir()] == ["toyworld_vae.safetensors"]
-    train(tmp_path / "staged", TINY_RUN, reuse_vae=tmp_path / "staged")
+    train(tmp_path / "staged", replace(TINY_RUN, rollout_steps=0), reuse_vae=tmp_path / "staged")
+    assert not same(weights(tmp_path / "one"), weights(tmp_path / "staged"))  # the rollouts changed the DiT
+    train(tmp_path / "resumed", TINY_RUN, reuse_dit=tmp_path / "staged")
+    assert same(weights(tmp_path / "one"), weights(tmp_path / "resumed"))
+    train(tmp_path / "staged", TINY_RUN, reuse_dit=tmp_path / "staged")  # in place
     assert same(weights(tmp_path / "one"), weights(tmp_path / "staged"))
     train(tmp_path / "other", replace(TINY_RUN, seed=1))
     assert not same(weights(tmp_path / "one"), weights(tmp_path / "other"))

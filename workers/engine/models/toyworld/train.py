@@ -11,8 +11,14 @@ Two stages, on clips simulated on the fly by `world.py`:
    trains block-causally with teacher forcing, exactly the way inference runs: block by block,
    a noisy pass that attends to the earlier blocks' clean K/V, then the context pass (t = 0) of
    the clean block that later blocks attend to. Flow-matching loss (`noise - x0`) at timesteps
-   drawn half from the sampler's few steps, half from the shifted continuous schedule; clean
-   context latents get a little noise so the model tolerates its own imperfect past.
+   drawn half from the sampler's few steps, half from the shifted continuous schedule. Tokens at
+   and next to objects weigh more in the loss (objects are a tenth of the tokens), and the clean
+   context is sometimes faded towards the background and always slightly noised, so the model
+   restores full objects from its own imperfect past instead of letting them fade (exposure bias).
+
+3. **Rollouts.** The teacher-forced model fine-tunes on windows whose later blocks see the
+   model's own samples of the earlier ones (the inference sampler, no gradient through it) as
+   context, with the simulator's blocks as targets: it learns to continue its own output.
 
 The result is a model folder (`model.yaml`, three safetensors in fp16, the byte-level tokenizer)
 that `load_model` reads like any other.
@@ -41,18 +47,21 @@ from tqdm import tqdm
 
 from inferix.errors import UserError
 from workers.engine.attention.backends import AttentionBackend
-from workers.engine.checkpoint import load_vae
+from workers.engine.checkpoint import load_dit, load_vae
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.model_dir import MODEL_YAML, byte_level_tokenizer, write_byte_level_tokenizer
 from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig, reconstruction_loss
 from workers.engine.models.toyworld.world import BACKGROUND, Clip, random_clip
-from workers.engine.models.wan.dit import CausalWanDiT
+from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV
 from workers.engine.models.wan.text_encoder import UMT5Encoder
 from workers.engine.models.wan.tokenizer import PromptTokenizer
 from workers.engine.presets import ModelPreset, load_preset
 
 PRESET = "toyworld"
 OBJECT_LOSS_WEIGHT = 10.0  # extra weight of object pixels in the VAE's reconstruction loss
+# RMS distance (normalised latent units) from the empty-frame latent beyond which a token holds an
+# object: empty tokens sit at ~0, object tokens at 1 to 4.
+OBJECT_TOKEN_DISTANCE = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,18 +71,23 @@ class TrainConfig:
     vae_steps: int = 1500
     vae_batch: int = 16
     vae_lr: float = 2e-3
-    dit_clips: int = 480
+    dit_clips: int = 960
     clip_blocks: int = 6
     window_blocks: int = 4
-    dit_steps: int = 2400
+    dit_steps: int = 3200
     dit_batch: int = 8
     dit_lr: float = 6e-4
     warmup_steps: int = 100
-    context_noise_max: float = 0.08  # sigma of the noise added to clean context latents
+    context_noise_max: float = 0.15  # sigma of the noise added to clean context latents
+    context_fade_probability: float = 0.5  # share of context blocks faded towards the background
+    context_fade_min: float = 0.2  # a faded context keeps this much of its objects, at least
+    object_loss_weight: float = 5.0  # extra flow-loss weight of latent tokens at and next to objects
+    rollout_steps: int = 800  # stage 3: fine-tune on context the model generated itself
+    rollout_lr: float = 2e-4
 
     def quick(self) -> TrainConfig:
         """A few steps of everything: checks the whole path in a minute (weights are not useful)."""
-        return replace(self, vae_steps=20, dit_clips=16, dit_steps=20)
+        return replace(self, vae_steps=20, dit_clips=16, dit_steps=20, rollout_steps=10)
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -118,6 +132,7 @@ def train_vae(preset: ModelPreset, config: TrainConfig, rng: random.Random) -> P
 class LatentClips:
     latents: Tensor  # [N, F, z, h, w], normalised
     prompts: list[list[str]]  # per clip, per block
+    background: Tensor  # [z, 1, 1]: the normalised latent of an empty frame
 
 
 @torch.no_grad()
@@ -140,7 +155,9 @@ def encode_clips(
     mean = latents.mean(dim=(0, 1, 3, 4))
     std = latents.std(dim=(0, 1, 3, 4))
     normalised = (latents - mean.view(1, 1, -1, 1, 1)) / std.view(1, 1, -1, 1, 1)
-    return LatentClips(normalised, prompts), mean.tolist(), std.tolist()
+    empty = to_video_tensor(np.full((1, 1, *clips[0].frames.shape[1:3], 3), BACKGROUND, np.uint8))
+    background = (vae.encode_raw(empty)[0, 0] - mean.view(-1, 1, 1)) / std.view(-1, 1, 1)
+    return LatentClips(normalised, prompts, background.mean(dim=(1, 2), keepdim=True)), mean.tolist(), std.tolist()
 
 
 # ---- DiT ----------------------------------------------------------------------------------------
@@ -179,38 +196,81 @@ def sample_timesteps(count: int, sampler_steps: Tensor, shift: float, generator:
     return torch.where(use_grid, pick, continuous)
 
 
-def train_dit(preset: ModelPreset, data: LatentClips, config: TrainConfig) -> tuple[CausalWanDiT, UMT5Encoder]:
-    generator = torch.Generator().manual_seed(config.seed + 1)
-    dit = CausalWanDiT(preset.dit, attention_backend="sdpa").train()
-    text = UMT5Encoder(preset.text_encoder).train()
-    # Start the output head and every gate near zero: the untrained DiT predicts a small flow.
+def new_networks(preset: ModelPreset) -> tuple[CausalWanDiT, UMT5Encoder]:
+    dit = CausalWanDiT(preset.dit, attention_backend="sdpa")
+    # Start the output head at zero: the untrained DiT predicts no flow.
     nn.init.zeros_(dit.head.head.weight)
     nn.init.zeros_(dit.head.head.bias)
+    return dit, UMT5Encoder(preset.text_encoder)
+
+
+@dataclass(frozen=True)
+class DiTStage:
+    """One DiT training stage: teacher forcing (stage 2) or rollouts of its own context (stage 3)."""
+
+    name: str
+    steps: int
+    lr: float
+    warmup_steps: int
+    rollout: bool
+    seed_offset: int
+
+    @classmethod
+    def teacher_forcing(cls, config: TrainConfig) -> DiTStage:
+        return cls("DiT", config.dit_steps, config.dit_lr, config.warmup_steps, rollout=False, seed_offset=1)
+
+    @classmethod
+    def rollouts(cls, config: TrainConfig) -> DiTStage:
+        warmup = min(config.warmup_steps, config.rollout_steps // 10)
+        return cls("DiT rollouts", config.rollout_steps, config.rollout_lr, warmup, rollout=True, seed_offset=2)
+
+
+def train_dit(
+    preset: ModelPreset,
+    data: LatentClips,
+    config: TrainConfig,
+    stage: DiTStage,
+    networks: tuple[CausalWanDiT, UMT5Encoder],
+) -> tuple[CausalWanDiT, UMT5Encoder]:
+    generator = torch.Generator().manual_seed(config.seed + stage.seed_offset)
+    dit, text = networks
+    dit.train().requires_grad_(True)
+    text.train().requires_grad_(True)
     tokenizer = byte_level_tokenizer(preset.text_encoder.text_len)
     params = [*dit.parameters(), *text.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=config.dit_lr, weight_decay=0.01, betas=(0.9, 0.99))
+    optimizer = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.01, betas=(0.9, 0.99))
 
     def lr_at(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        progress = (step - config.warmup_steps) / max(1, config.dit_steps - config.warmup_steps)
+        if step < stage.warmup_steps:
+            return (step + 1) / stage.warmup_steps
+        progress = (step - stage.warmup_steps) / max(1, stage.steps - stage.warmup_steps)
         return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
-    schedule = FlowMatchSchedule(preset.pipeline.sampling.schedule)
-    sampler_steps = schedule.denoising_timesteps(preset.pipeline.sampling)
-    shift = preset.pipeline.sampling.schedule.shift
+    sampler = BlockSampler.of(preset)
     nf = preset.pipeline.block.num_frame_per_block
     n_clips = data.latents.shape[0]
     window = config.window_blocks
-    with tqdm(range(config.dit_steps), desc="DiT", unit="step", file=sys.stderr) as bar:
+    with tqdm(range(stage.steps), desc=stage.name, unit="step", file=sys.stderr) as bar:
         for _ in bar:
             clips = torch.randint(n_clips, (config.dit_batch,), generator=generator)
             offset = int(torch.randint(config.clip_blocks - window + 1, (1,), generator=generator))
             x0 = data.latents[clips, offset * nf : (offset + window) * nf]  # [B, W*nf, z, h, w]
             block_prompts = [data.prompts[int(c)][offset : offset + window] for c in clips]
+            # Rollouts start after a clean first block, so the targets stay the simulator's scene.
+            rollout_from = int(torch.randint(1, window - 1, (1,), generator=generator)) if stage.rollout else None
             loss = _teacher_forcing_loss(
-                dit, text, tokenizer, schedule, x0, block_prompts, offset * nf, sampler_steps, shift, config, generator
+                dit,
+                text,
+                tokenizer,
+                x0,
+                data.background,
+                block_prompts,
+                offset * nf,
+                sampler,
+                rollout_from,
+                config,
+                generator,
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -225,15 +285,21 @@ def _teacher_forcing_loss(
     dit: CausalWanDiT,
     text: UMT5Encoder,
     tokenizer: PromptTokenizer,
-    schedule: FlowMatchSchedule,
     x0: Tensor,
+    background: Tensor,
     block_prompts: list[list[str]],
     start_frame: int,
-    sampler_steps: Tensor,
-    shift: float,
+    sampler: BlockSampler,
+    rollout_from: int | None,
     config: TrainConfig,
     generator: torch.Generator,
 ) -> Tensor:
+    """Mean flow-matching loss over the blocks of a window, each denoised against the earlier ones.
+
+    Blocks before `rollout_from` (all, when None) are seen by later blocks as the simulator's
+    latents (faded and noised, see `corrupt_context`); from `rollout_from` on, as the model's own
+    samples of them (no gradient through the sampling), so it learns to continue its own output.
+    """
     batch, frames = x0.shape[:2]
     nf = frames // config.window_blocks
     unique = sorted({p for prompts in block_prompts for p in prompts})
@@ -246,19 +312,90 @@ def _teacher_forcing_loss(
         prompt = dit.encode_prompt(embeds[[row[p[block]] for p in block_prompts]])
         start = start_frame + block * nf
         clean = x0[:, block * nf : (block + 1) * nf]
-        t = sample_timesteps(batch, sampler_steps, shift, generator)
+        t = sample_timesteps(batch, sampler.timesteps, sampler.shift, generator)
         sigma = (t / 1000).view(batch, 1, 1, 1, 1)
         noise = torch.randn(clean.shape, generator=generator)
         noisy = (1 - sigma) * clean + sigma * noise
         cache.store = False
         flow = dit(noisy, t[:, None].expand(batch, nf).contiguous(), prompt, cache, start)
-        losses.append(F.mse_loss(flow, noise - clean))
+        weight = object_weight(clean, background, config.object_loss_weight)
+        losses.append((weight * (flow - (noise - clean)).square()).mean() / weight.mean())
         if block + 1 < config.window_blocks:
-            sigma_c = torch.rand(batch, 1, 1, 1, 1, generator=generator) * config.context_noise_max
-            context = clean + sigma_c * torch.randn(clean.shape, generator=generator)
+            if rollout_from is not None and block >= rollout_from:
+                with torch.no_grad():
+                    context = sampler.sample(dit, prompt, cache, start, clean.shape, generator)
+            else:
+                context = corrupt_context(clean, background, config, generator)
             cache.store = True
             dit(context, torch.zeros(batch, nf), prompt, cache, start)
     return torch.stack(losses).mean()
+
+
+@dataclass(frozen=True)
+class BlockSampler:
+    """The inference sampler of the preset (timesteps, sigmas, solver), for rollouts in training."""
+
+    timesteps: Tensor  # the denoising steps, in the dtype the model is fed
+    sigmas: Tensor  # sigma of each step, then 0
+    solver: str
+    shift: float
+
+    @classmethod
+    def of(cls, preset: ModelPreset) -> BlockSampler:
+        sampling = preset.pipeline.sampling
+        schedule = FlowMatchSchedule(sampling.schedule)
+        timesteps = schedule.denoising_timesteps(sampling)
+        sigmas = torch.cat([schedule.sigma(timesteps.float()), torch.zeros(1)])
+        return cls(timesteps, sigmas, sampling.solver, sampling.schedule.shift)
+
+    def sample(
+        self,
+        dit: CausalWanDiT,
+        prompt: CrossAttentionKV,
+        cache: TeacherForcingCache,
+        start_frame: int,
+        shape: torch.Size,
+        generator: torch.Generator,
+    ) -> Tensor:
+        """One block, denoised the way `GenerationSession.generate_block` does (cache read-only)."""
+        cache.store = False
+        batch, frames = shape[:2]
+        x = torch.randn(shape, generator=generator)
+        x0 = x
+        for i, t in enumerate(self.timesteps):
+            flow = dit(x, t.float().expand(batch, frames).contiguous(), prompt, cache, start_frame)
+            x0 = x - self.sigmas[i] * flow
+            noise = x0 + flow if self.solver == "euler" else torch.randn(shape, generator=generator)
+            x = (1 - self.sigmas[i + 1]) * x0 + self.sigmas[i + 1] * noise
+        return x0
+
+
+def object_weight(clean: Tensor, background: Tensor, extra: float) -> Tensor:
+    """[B, F, 1, h, w]: 1 + `extra` on latent tokens that hold an object or touch one.
+
+    Objects cover a few tokens of 64; unweighted, the loss is mostly empty background and the
+    model learns to draw faint objects that fade away over a long video.
+    """
+    distance = (clean - background).square().mean(dim=2, keepdim=True).sqrt()  # [B, F, 1, h, w]
+    holds = (distance > OBJECT_TOKEN_DISTANCE).float()
+    touches = F.max_pool2d(holds.flatten(0, 1), kernel_size=3, stride=1, padding=1).view_as(holds)
+    return 1.0 + extra * touches
+
+
+def corrupt_context(clean: Tensor, background: Tensor, config: TrainConfig, generator: torch.Generator) -> Tensor:
+    """The clean block as later blocks see it in training: faded towards the background and noised.
+
+    At inference the context is the model's own output, which can come out fainter than the
+    truth; training on faded context teaches the next block to restore full objects instead of
+    copying the fade (exposure bias), and the noise makes it tolerate small errors.
+    """
+    batch = clean.shape[0]
+    shape = (batch, 1, 1, 1, 1)
+    fade = config.context_fade_min + (1 - config.context_fade_min) * torch.rand(shape, generator=generator)
+    faded = torch.rand(shape, generator=generator) < config.context_fade_probability
+    keep = torch.where(faded, fade, torch.ones(shape))
+    sigma = torch.rand(shape, generator=generator) * config.context_noise_max
+    return background + keep * (clean - background) + sigma * torch.randn(clean.shape, generator=generator)
 
 
 # ---- export -------------------------------------------------------------------------------------
@@ -267,6 +404,8 @@ def _half(module: nn.Module) -> dict[str, Tensor]:
 
 
 VAE_FILE = "toyworld_vae.safetensors"
+DIT_FILE = "toyworld_dit.safetensors"
+TEXT_ENCODER_FILE = "toyworld_text_encoder.safetensors"
 
 
 def save_vae(out: Path, vae: PatchVAE) -> None:
@@ -281,6 +420,13 @@ def load_trained_vae(folder: Path, preset: ModelPreset) -> PatchVAE:
     return load_vae(folder / VAE_FILE, preset.vae, dtype=torch.float32)
 
 
+def load_trained_networks(folder: Path, preset: ModelPreset) -> tuple[CausalWanDiT, UMT5Encoder]:
+    """The fp16 DiT and text encoder of a model folder, in fp32, to train further."""
+    dit = load_dit(folder / DIT_FILE, preset.dit, dtype=torch.float32, attention_backend="sdpa")
+    text = UMT5Encoder.from_checkpoint(folder / TEXT_ENCODER_FILE, preset.text_encoder, dtype=torch.float32)
+    return dit, text
+
+
 def export(
     out: Path,
     dit: CausalWanDiT,
@@ -291,8 +437,13 @@ def export(
     seconds: float,
 ) -> None:
     """Write the model folder (the VAE is already there, see `train`)."""
-    save_file(_half(dit), str(out / "toyworld_dit.safetensors"))
-    save_file(_half(text), str(out / "toyworld_text_encoder.safetensors"))
+    save_file(_half(dit), str(out / DIT_FILE))
+    save_file(_half(text), str(out / TEXT_ENCODER_FILE))
+    export_metadata(out, mean, std, config, seconds)
+
+
+def export_metadata(out: Path, mean: list[float], std: list[float], config: TrainConfig, seconds: float) -> None:
+    """The tokenizer and `model.yaml` (preset + the VAE's latent statistics) of the model folder."""
     write_byte_level_tokenizer(out / "tokenizer")
     model_yaml = {
         "preset": PRESET,
@@ -305,33 +456,57 @@ def export(
     (out / MODEL_YAML).write_text(header + yaml.safe_dump(model_yaml, sort_keys=False))
 
 
-def train(out: Path, config: TrainConfig, reuse_vae: Path | None = None, vae_only: bool = False) -> None:
+def train(
+    out: Path,
+    config: TrainConfig,
+    reuse_vae: Path | None = None,
+    vae_only: bool = False,
+    reuse_dit: Path | None = None,
+) -> None:
     """Train and write the model folder `out`.
 
     Stage 1 writes the VAE to `out` (`vae_only` stops there); `reuse_vae` takes an earlier
-    folder's VAE instead. Stage 2 always encodes its clips with the VAE as stored (fp16) and draws
-    from its own seeds, so a run in one go and a run in two steps give the same model.
+    folder's VAE instead. Stage 2 (teacher forcing) writes a full model folder; `reuse_dit` takes
+    an earlier folder's stages 1 and 2 instead. Stage 3 (rollouts) overwrites the DiT and text
+    encoder. Every stage reads the previous one's weights as stored (fp16) and draws from its own
+    seeds, so a run in one go and a run in steps give the same model.
     """
     began = time.perf_counter()
     torch.set_num_threads(config.threads)
     preset = load_preset(PRESET)
-    if reuse_vae is None:
+    earlier = reuse_dit or reuse_vae
+    if earlier is None:
         torch.manual_seed(config.seed)
         save_vae(out, train_vae(preset, config, random.Random(config.seed)))
-        reuse_vae = out
-    elif reuse_vae.resolve() != out.resolve():
-        out.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(reuse_vae / VAE_FILE, out / VAE_FILE)
+    else:
+        _copy_files(earlier, out, [VAE_FILE])
     if vae_only:
         print(f"toyworld VAE written to {out / VAE_FILE} in {(time.perf_counter() - began) / 60:.1f} min")
         return
     vae = load_trained_vae(out, preset)
     data, mean, std = encode_clips(vae, config, random.Random(config.seed + 1))
     preset = replace(preset, vae=replace(preset.vae, latent_mean=tuple(mean), latent_std=tuple(std)))
-    torch.manual_seed(config.seed + 1)
-    dit, text = train_dit(preset, data, config)
-    export(out, dit, text, mean, std, config, time.perf_counter() - began)
+    if reuse_dit is None:
+        torch.manual_seed(config.seed + 1)
+        networks = new_networks(preset)
+        dit, text = train_dit(preset, data, config, DiTStage.teacher_forcing(config), networks)
+        export(out, dit, text, mean, std, config, time.perf_counter() - began)
+    else:
+        _copy_files(reuse_dit, out, [DIT_FILE, TEXT_ENCODER_FILE])
+        export_metadata(out, mean, std, config, time.perf_counter() - began)
+    if config.rollout_steps > 0:
+        torch.manual_seed(config.seed + 2)
+        dit, text = train_dit(preset, data, config, DiTStage.rollouts(config), load_trained_networks(out, preset))
+        export(out, dit, text, mean, std, config, time.perf_counter() - began)
     print(f"toyworld model written to {out} in {(time.perf_counter() - began) / 60:.1f} min")
+
+
+def _copy_files(source: Path, out: Path, names: list[str]) -> None:
+    if source.resolve() == out.resolve():
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copyfile(source / name, out / name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,6 +529,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the VAE stage: take the VAE of an earlier run's model folder DIR (retrain the DiT only)",
     )
     parser.add_argument("--vae-only", action="store_true", help="stop after the VAE stage (writes its weights)")
+    parser.add_argument(
+        "--reuse-dit",
+        type=Path,
+        metavar="DIR",
+        help="skip the VAE and teacher-forcing stages: take an earlier run's model folder DIR (its VAE, DiT "
+        "and text encoder) and run the rollout stage only",
+    )
+    parser.add_argument("--rollout-steps", type=int, default=default.rollout_steps, help="steps of the rollout stage")
     return parser
 
 
@@ -365,13 +548,19 @@ def main(argv: list[str] | None = None) -> int:
         vae_steps=args.vae_steps,
         dit_steps=args.dit_steps,
         dit_clips=args.clips,
+        rollout_steps=args.rollout_steps,
     )
     if args.quick:
         config = config.quick()
     if args.reuse_vae is not None and not (args.reuse_vae / VAE_FILE).is_file():
         print(f"--reuse-vae {args.reuse_vae}: no {VAE_FILE} there", file=sys.stderr)
         return 2
-    train(args.out, config, args.reuse_vae, args.vae_only)
+    if args.reuse_dit is not None:
+        missing = [n for n in (VAE_FILE, DIT_FILE, TEXT_ENCODER_FILE) if not (args.reuse_dit / n).is_file()]
+        if missing:
+            print(f"--reuse-dit {args.reuse_dit}: no {', '.join(missing)} there", file=sys.stderr)
+            return 2
+    train(args.out, config, args.reuse_vae, args.vae_only, args.reuse_dit)
     return 0
 
 
