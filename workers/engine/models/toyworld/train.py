@@ -1,6 +1,6 @@
 """Train the toyworld model from scratch on the CPU: `make train-toyworld` (seeded, reproducible).
 
-Two stages, on clips simulated on the fly by `world.py`:
+Three stages, on clips simulated on the fly by `world.py`:
 
 1. **VAE.** A pixel-space patch autoencoder (`models/patch_vae.py`: one 8x8 patch <-> 8 latent
    channels, no time compression) learns to reconstruct simulated frames, object pixels weighted
@@ -13,9 +13,8 @@ Two stages, on clips simulated on the fly by `world.py`:
    the clean block that later blocks attend to. Flow-matching loss (`noise - x0`) at timesteps
    drawn half from the sampler's few steps, half from the shifted continuous schedule. Tokens at
    and next to objects weigh more in the loss (objects are a tenth of the tokens), and the clean
-   context is sometimes faded towards the background and always slightly noised, so the model
-   restores full objects from its own imperfect past instead of letting them fade (exposure bias).
-
+   context is sometimes faded towards the background and always slightly noised, to teach the
+   model to restore full objects from an imperfect past instead of copying a fade (exposure bias).
 3. **Rollouts.** The teacher-forced model fine-tunes on windows whose later blocks see the
    model's own samples of the earlier ones (the inference sampler, no gradient through it) as
    context, with the simulator's blocks as targets: it learns to continue its own output.
