@@ -39,7 +39,7 @@ bench:
 	$(PYTHON) bench/streamer.py
 	$(PYTHON) bench/toyworld.py
 
-# Train the toyworld model from scratch on the CPU (seeded; ~50 min on 2 free cores).
+# Train the toyworld model from scratch on the CPU (seeded; ~55 min on 2 free cores).
 train-toyworld:
 	$(PYTHON) -m workers.engine.models.toyworld.train --out $(TOYWORLD_OUT)
 

@@ -30,13 +30,14 @@ import torch
 
 from workers.engine.model_dir import load_model
 from workers.engine.models.toyworld.evaluate import (
+    PROMPT_SET,
     BlockStats,
-    colour_of_blocks,
     generate_blocks,
+    prompt_following,
     simulator_stats,
     video_stats,
 )
-from workers.engine.models.toyworld.world import PALETTE, SceneSpec
+from workers.engine.models.toyworld.world import SceneSpec
 from workers.engine.video import VideoGenerator
 
 SCENES = [
@@ -47,36 +48,6 @@ SCENES = [
     SceneSpec("magenta", "ball", 1, "falling"),
     SceneSpec("cyan", "square", 1, "bouncing around"),
 ]
-
-
-# Every colour with both shapes (one ball / two squares alternating), then the other cases.
-PROMPT_SET = [
-    SceneSpec(colour, shape, 1 + (i % 2), motion)
-    for i, (colour, shape, motion) in enumerate(
-        (c, s, m) for c in PALETTE for s, m in (("ball", "bouncing to the right"), ("square", "falling"))
-    )
-] + [
-    SceneSpec("red", "square", 1, "bouncing around"),
-    SceneSpec("cyan", "ball", 2, "bouncing to the left"),
-    SceneSpec("yellow", "ball", 1, "falling"),
-    SceneSpec("blue", "square", 2, "bouncing around"),
-]
-CHANGE_AT, CHANGE_BLOCKS = 4, 8
-
-
-def prompt_following(generator: VideoGenerator) -> tuple[int, int]:
-    """(prompts whose 4 blocks show their colour, colour changes that took within two blocks and held)."""
-    right = 0
-    for seed, spec in enumerate(PROMPT_SET):
-        frames = np.concatenate(generate_blocks(generator, spec.prompt(), 4, seed=seed))
-        right += colour_of_blocks([frames])[0] == spec.colour
-    changed = 0
-    for seed, spec in enumerate(PROMPT_SET[:8]):
-        new = [c for c in PALETTE if c != spec.colour][seed % (len(PALETTE) - 1)]
-        change = {CHANGE_AT: spec.change_prompt(new)}
-        colours = colour_of_blocks(generate_blocks(generator, spec.prompt(), CHANGE_BLOCKS, seed=seed, changes=change))
-        changed += new in colours[CHANGE_AT : CHANGE_AT + 2] and colours[-1] == new
-    return right, changed
 
 
 def blocks_for(seconds: float, fps: int, latent_frames: int, temporal_factor: int) -> int:
@@ -117,9 +88,10 @@ def main() -> int:
     print(f"model {model.name} ({model.width}x{model.height} @ {fps} fps), one CPU thread")
     print(f"speed: {frames} frames in {seconds:.2f} s = {speed:.1f} frames/s = {speed / fps:.2f}x real time")
 
-    right, changed = prompt_following(generator)
+    following = prompt_following(generator)
+    right, changed = sum(following.colour_right), sum(following.change_took)
     print(f"colour = prompt over 4 blocks: {right} of {len(PROMPT_SET)} prompts ({right / len(PROMPT_SET):.0%})")
-    print(f"colour change within two blocks (and held): {changed} of 8")
+    print(f"colour change within two blocks (and held): {changed} of {len(following.change_took)}")
 
     block = model.pipeline_config.block.num_frame_per_block
     blocks = blocks_for(args.seconds, fps, block, model.vae.config.temporal_factor)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workers.engine.models.toyworld.measure import dominant_colour, read_frame
-from workers.engine.models.toyworld.world import SceneSpec, simulate
+from workers.engine.models.toyworld.world import PALETTE, SceneSpec, simulate
 from workers.engine.video import VideoGenerator
 
 # The object's centroid must stay this many pixels inside the frame to count as on screen.
@@ -89,12 +89,55 @@ def colour_of_blocks(frame_blocks: list[np.ndarray]) -> list[str | None]:
     return [dominant_colour(frames) for frames in frame_blocks]
 
 
+# Every colour with both shapes (one ball / two squares alternating), then the other cases.
+PROMPT_SET = [
+    SceneSpec(colour, shape, 1 + (i % 2), motion)
+    for i, (colour, shape, motion) in enumerate(
+        (c, s, m) for c in PALETTE for s, m in (("ball", "bouncing to the right"), ("square", "falling"))
+    )
+] + [
+    SceneSpec("red", "square", 1, "bouncing around"),
+    SceneSpec("cyan", "ball", 2, "bouncing to the left"),
+    SceneSpec("yellow", "ball", 1, "falling"),
+    SceneSpec("blue", "square", 2, "bouncing around"),
+]
+CHANGE_AT, CHANGE_BLOCKS = 4, 8
+
+
+@dataclass(frozen=True)
+class PromptFollowing:
+    colour_right: list[bool]  # per prompt of PROMPT_SET: its 4 blocks show its colour
+    change_took: list[bool]  # per change: the new colour within two blocks, and still at the end
+    colours: list[list[str | None]]  # per change: the colour of each block
+
+
+def prompt_following(generator: VideoGenerator) -> PromptFollowing:
+    """Colour fidelity over PROMPT_SET, and colour changes at block 4 of 8 for its first 8 prompts."""
+    right = []
+    for seed, spec in enumerate(PROMPT_SET):
+        frames = np.concatenate(generate_blocks(generator, spec.prompt(), 4, seed=seed))
+        right.append(colour_of_blocks([frames])[0] == spec.colour)
+    took, seen = [], []
+    for seed, spec in enumerate(PROMPT_SET[:8]):
+        new = [c for c in PALETTE if c != spec.colour][seed % (len(PALETTE) - 1)]
+        change = {CHANGE_AT: spec.change_prompt(new)}
+        colours = colour_of_blocks(generate_blocks(generator, spec.prompt(), CHANGE_BLOCKS, seed=seed, changes=change))
+        took.append(new in colours[CHANGE_AT : CHANGE_AT + 2] and colours[-1] == new)
+        seen.append(colours)
+    return PromptFollowing(right, took, seen)
+
+
 __all__ = [
+    "CHANGE_AT",
+    "CHANGE_BLOCKS",
     "ON_SCREEN_MARGIN",
+    "PROMPT_SET",
     "BlockStats",
+    "PromptFollowing",
     "block_stats",
     "colour_of_blocks",
     "generate_blocks",
+    "prompt_following",
     "simulator_stats",
     "video_stats",
 ]

@@ -18,6 +18,9 @@ Three stages, on clips simulated on the fly by `world.py`:
 3. **Rollouts.** The teacher-forced model fine-tunes on windows whose later blocks see the
    model's own samples of the earlier ones (the inference sampler, no gradient through it) as
    context, with the simulator's blocks as targets: it learns to continue its own output.
+4. **Recovery.** Teacher forcing again, with faded context that may keep nothing of its
+   objects: a block whose past lost them (the model's failure over long videos) draws them anew
+   from the prompt instead of continuing an empty scene.
 
 The result is a model folder (`model.yaml`, three safetensors in fp16, the byte-level tokenizer)
 that `load_model` reads like any other.
@@ -83,10 +86,12 @@ class TrainConfig:
     object_loss_weight: float = 5.0  # extra flow-loss weight of latent tokens at and next to objects
     rollout_steps: int = 800  # stage 3: fine-tune on context the model generated itself
     rollout_lr: float = 2e-4
+    recovery_steps: int = 500  # stage 4: teacher forcing where faded context may lose its objects
+    recovery_lr: float = 2e-4
 
     def quick(self) -> TrainConfig:
         """A few steps of everything: checks the whole path in a minute (weights are not useful)."""
-        return replace(self, vae_steps=20, dit_clips=16, dit_steps=20, rollout_steps=10)
+        return replace(self, vae_steps=20, dit_clips=16, dit_steps=20, rollout_steps=10, recovery_steps=10)
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -222,6 +227,11 @@ class DiTStage:
     def rollouts(cls, config: TrainConfig) -> DiTStage:
         warmup = min(config.warmup_steps, config.rollout_steps // 10)
         return cls("DiT rollouts", config.rollout_steps, config.rollout_lr, warmup, rollout=True, seed_offset=2)
+
+    @classmethod
+    def recovery(cls, config: TrainConfig) -> DiTStage:
+        warmup = min(config.warmup_steps, config.recovery_steps // 10)
+        return cls("DiT recovery", config.recovery_steps, config.recovery_lr, warmup, rollout=False, seed_offset=3)
 
 
 def train_dit(
@@ -466,9 +476,9 @@ def train(
 
     Stage 1 writes the VAE to `out` (`vae_only` stops there); `reuse_vae` takes an earlier
     folder's VAE instead. Stage 2 (teacher forcing) writes a full model folder; `reuse_dit` takes
-    an earlier folder's stages 1 and 2 instead. Stage 3 (rollouts) overwrites the DiT and text
-    encoder. Every stage reads the previous one's weights as stored (fp16) and draws from its own
-    seeds, so a run in one go and a run in steps give the same model.
+    an earlier folder's stages 1 and 2 instead. Stages 3 (rollouts) and 4 (recovery) each
+    overwrite the DiT and text encoder. Every stage reads the previous one's weights as stored
+    (fp16) and draws from its own seeds, so a run in one go and a run in steps give the same model.
     """
     began = time.perf_counter()
     torch.set_num_threads(config.threads)
@@ -496,6 +506,11 @@ def train(
     if config.rollout_steps > 0:
         torch.manual_seed(config.seed + 2)
         dit, text = train_dit(preset, data, config, DiTStage.rollouts(config), load_trained_networks(out, preset))
+        export(out, dit, text, mean, std, config, time.perf_counter() - began)
+    if config.recovery_steps > 0:
+        # Faded context may keep nothing of its objects: a block whose past lost them draws them anew.
+        emptied = replace(config, context_fade_min=0.0)
+        dit, text = train_dit(preset, data, emptied, DiTStage.recovery(config), load_trained_networks(out, preset))
         export(out, dit, text, mean, std, config, time.perf_counter() - began)
     print(f"toyworld model written to {out} in {(time.perf_counter() - began) / 60:.1f} min")
 
@@ -533,9 +548,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="skip the VAE and teacher-forcing stages: take an earlier run's model folder DIR (its VAE, DiT "
-        "and text encoder) and run the rollout stage only",
+        "and text encoder) and run the rollout and recovery stages only",
     )
     parser.add_argument("--rollout-steps", type=int, default=default.rollout_steps, help="steps of the rollout stage")
+    parser.add_argument(
+        "--recovery-steps", type=int, default=default.recovery_steps, help="steps of the recovery stage"
+    )
     return parser
 
 
@@ -548,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         dit_steps=args.dit_steps,
         dit_clips=args.clips,
         rollout_steps=args.rollout_steps,
+        recovery_steps=args.recovery_steps,
     )
     if args.quick:
         config = config.quick()
