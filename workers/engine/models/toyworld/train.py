@@ -210,28 +210,40 @@ def new_networks(preset: ModelPreset) -> tuple[CausalWanDiT, UMT5Encoder]:
 
 @dataclass(frozen=True)
 class DiTStage:
-    """One DiT training stage: teacher forcing (stage 2) or rollouts of its own context (stage 3)."""
+    """One DiT training stage: teacher forcing (2), rollouts of its own context (3), recovery (4)."""
 
     name: str
     steps: int
     lr: float
     warmup_steps: int
     rollout: bool
+    fade_min: float  # a faded context keeps this much of its objects, at least
     seed_offset: int
 
     @classmethod
     def teacher_forcing(cls, config: TrainConfig) -> DiTStage:
-        return cls("DiT", config.dit_steps, config.dit_lr, config.warmup_steps, rollout=False, seed_offset=1)
+        return cls(
+            "DiT", config.dit_steps, config.dit_lr, config.warmup_steps, False, config.context_fade_min, seed_offset=1
+        )
 
     @classmethod
     def rollouts(cls, config: TrainConfig) -> DiTStage:
         warmup = min(config.warmup_steps, config.rollout_steps // 10)
-        return cls("DiT rollouts", config.rollout_steps, config.rollout_lr, warmup, rollout=True, seed_offset=2)
+        return cls(
+            "DiT rollouts",
+            config.rollout_steps,
+            config.rollout_lr,
+            warmup,
+            True,
+            config.context_fade_min,
+            seed_offset=2,
+        )
 
     @classmethod
     def recovery(cls, config: TrainConfig) -> DiTStage:
+        """Faded context may keep nothing of its objects: a block whose past lost them draws them anew."""
         warmup = min(config.warmup_steps, config.recovery_steps // 10)
-        return cls("DiT recovery", config.recovery_steps, config.recovery_lr, warmup, rollout=False, seed_offset=3)
+        return cls("DiT recovery", config.recovery_steps, config.recovery_lr, warmup, False, 0.0, seed_offset=3)
 
 
 def train_dit(
@@ -278,6 +290,7 @@ def train_dit(
                 offset * nf,
                 sampler,
                 rollout_from,
+                stage.fade_min,
                 config,
                 generator,
             )
@@ -300,6 +313,7 @@ def _teacher_forcing_loss(
     start_frame: int,
     sampler: BlockSampler,
     rollout_from: int | None,
+    fade_min: float,
     config: TrainConfig,
     generator: torch.Generator,
 ) -> Tensor:
@@ -334,7 +348,7 @@ def _teacher_forcing_loss(
                 with torch.no_grad():
                     context = sampler.sample(dit, prompt, cache, start, clean.shape, generator)
             else:
-                context = corrupt_context(clean, background, config, generator)
+                context = corrupt_context(clean, background, fade_min, config, generator)
             cache.store = True
             dit(context, torch.zeros(batch, nf), prompt, cache, start)
     return torch.stack(losses).mean()
@@ -391,7 +405,9 @@ def object_weight(clean: Tensor, background: Tensor, extra: float) -> Tensor:
     return 1.0 + extra * touches
 
 
-def corrupt_context(clean: Tensor, background: Tensor, config: TrainConfig, generator: torch.Generator) -> Tensor:
+def corrupt_context(
+    clean: Tensor, background: Tensor, fade_min: float, config: TrainConfig, generator: torch.Generator
+) -> Tensor:
     """The clean block as later blocks see it in training: faded towards the background and noised.
 
     At inference the context is the model's own output, which can come out fainter than the
@@ -400,7 +416,7 @@ def corrupt_context(clean: Tensor, background: Tensor, config: TrainConfig, gene
     """
     batch = clean.shape[0]
     shape = (batch, 1, 1, 1, 1)
-    fade = config.context_fade_min + (1 - config.context_fade_min) * torch.rand(shape, generator=generator)
+    fade = fade_min + (1 - fade_min) * torch.rand(shape, generator=generator)
     faded = torch.rand(shape, generator=generator) < config.context_fade_probability
     keep = torch.where(faded, fade, torch.ones(shape))
     sigma = torch.rand(shape, generator=generator) * config.context_noise_max
@@ -504,13 +520,10 @@ def train(
         _copy_files(reuse_dit, out, [DIT_FILE, TEXT_ENCODER_FILE])
         export_metadata(out, mean, std, config, time.perf_counter() - began)
     if config.rollout_steps > 0:
-        torch.manual_seed(config.seed + 2)
         dit, text = train_dit(preset, data, config, DiTStage.rollouts(config), load_trained_networks(out, preset))
         export(out, dit, text, mean, std, config, time.perf_counter() - began)
     if config.recovery_steps > 0:
-        # Faded context may keep nothing of its objects: a block whose past lost them draws them anew.
-        emptied = replace(config, context_fade_min=0.0)
-        dit, text = train_dit(preset, data, emptied, DiTStage.recovery(config), load_trained_networks(out, preset))
+        dit, text = train_dit(preset, data, config, DiTStage.recovery(config), load_trained_networks(out, preset))
         export(out, dit, text, mean, std, config, time.perf_counter() - began)
     print(f"toyworld model written to {out} in {(time.perf_counter() - began) / 60:.1f} min")
 
