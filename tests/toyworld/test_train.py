@@ -23,8 +23,11 @@ TINY_RUN = TrainConfig(
     dit_steps=3,
     dit_batch=2,
     warmup_steps=2,
-    rollout_steps=2,
     recovery_steps=2,
+    oracle_steps=2,
+    oracle_rounds=2,
+    oracle_scenes=2,
+    oracle_blocks=5,
 )
 
 
@@ -42,8 +45,9 @@ def test_training_is_seeded_and_two_stages_equal_one_run(tmp_path: Path) -> None
     assert same(weights(tmp_path / "one"), weights(tmp_path / "again"))
     train(tmp_path / "staged", TINY_RUN, vae_only=True)
     assert [p.name for p in (tmp_path / "staged").iterdir()] == ["toyworld_vae.safetensors"]
-    train(tmp_path / "staged", replace(TINY_RUN, rollout_steps=0, recovery_steps=0), reuse_vae=tmp_path / "staged")
-    assert not same(weights(tmp_path / "one"), weights(tmp_path / "staged"))  # the rollouts changed the DiT
+    first_two = replace(TINY_RUN, recovery_steps=0, oracle_steps=0)
+    train(tmp_path / "staged", first_two, reuse_vae=tmp_path / "staged")
+    assert not same(weights(tmp_path / "one"), weights(tmp_path / "staged"))  # the later stages changed the DiT
     train(tmp_path / "resumed", TINY_RUN, reuse_dit=tmp_path / "staged")
     assert same(weights(tmp_path / "one"), weights(tmp_path / "resumed"))
     train(tmp_path / "staged", TINY_RUN, reuse_dit=tmp_path / "staged")  # in place

@@ -85,6 +85,29 @@ def simulator_stats(spec: SceneSpec, blocks: int, seed: int) -> list[BlockStats]
     return video_stats([clip.frames[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)], clip.block_colours)
 
 
+@dataclass(frozen=True)
+class Drift:
+    """A generated video against the simulator's rollout of its scene, over the whole video."""
+
+    on_screen: float  # share of frames with an object whose centroid is on screen
+    on_screen_last_quarter: float
+    colour_match: float  # share of frames whose object has the prompt's colour
+    area_ratio: float  # mean object area of the frames with one / the simulator's mean object area
+
+
+def drift(generator: VideoGenerator, spec: SceneSpec, blocks: int, seed: int) -> Drift:
+    """Generate `blocks` blocks of the scene's prompt and measure them against the simulator."""
+    stats = video_stats(generate_blocks(generator, spec.prompt(), blocks, seed=seed), [spec.colour] * blocks)
+    truth = simulator_stats(spec, blocks, seed)
+    drawn = [s.area for s in stats if s.present > 0]
+    return Drift(
+        on_screen=float(np.mean([s.on_screen for s in stats])),
+        on_screen_last_quarter=float(np.mean([s.on_screen for s in stats[blocks * 3 // 4 :]])),
+        colour_match=float(np.mean([s.colour_match for s in stats])),
+        area_ratio=float(np.mean(drawn) / np.mean([s.area for s in truth])) if drawn else 0.0,
+    )
+
+
 def colour_of_blocks(frame_blocks: list[np.ndarray]) -> list[str | None]:
     return [dominant_colour(frames) for frames in frame_blocks]
 
@@ -133,9 +156,11 @@ __all__ = [
     "ON_SCREEN_MARGIN",
     "PROMPT_SET",
     "BlockStats",
+    "Drift",
     "PromptFollowing",
     "block_stats",
     "colour_of_blocks",
+    "drift",
     "generate_blocks",
     "prompt_following",
     "simulator_stats",

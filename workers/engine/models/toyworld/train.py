@@ -1,6 +1,6 @@
 """Train the toyworld model from scratch on the CPU: `make train-toyworld` (seeded, reproducible).
 
-Three stages, on clips simulated on the fly by `world.py`:
+Four stages, on clips simulated on the fly by `world.py`:
 
 1. **VAE.** A pixel-space patch autoencoder (`models/patch_vae.py`: one 8x8 patch <-> 8 latent
    channels, no time compression) learns to reconstruct simulated frames, object pixels weighted
@@ -15,12 +15,13 @@ Three stages, on clips simulated on the fly by `world.py`:
    and next to objects weigh more in the loss (objects are a tenth of the tokens), and the clean
    context is sometimes faded towards the background and always slightly noised, to teach the
    model to restore full objects from an imperfect past instead of copying a fade (exposure bias).
-3. **Rollouts.** The teacher-forced model fine-tunes on windows whose later blocks see the
-   model's own samples of the earlier ones (the inference sampler, no gradient through it) as
-   context, with the simulator's blocks as targets: it learns to continue its own output.
-4. **Recovery.** Teacher forcing again, with faded context that may keep nothing of its
+3. **Recovery.** Teacher forcing again, with faded context that may keep nothing of its
    objects: a block whose past lost them (the model's failure over long videos) draws them anew
    from the prompt instead of continuing an empty scene.
+4. **Oracle rollouts.** The model rolls out fresh scenes in its inference window (the inference
+   sampler, no gradient through it) and fine-tunes on its own blocks as context, with targets
+   from a simulator world that follows what it draws (`oracle.py`): it learns to continue its own
+   output, drifting and fading as it is, the way the simulator would.
 
 The result is a model folder (`model.yaml`, three safetensors in fp16, the byte-level tokenizer)
 that `load_model` reads like any other.
@@ -35,7 +36,7 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -53,6 +54,7 @@ from workers.engine.checkpoint import load_dit, load_vae
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.model_dir import MODEL_YAML, byte_level_tokenizer, write_byte_level_tokenizer
 from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig, reconstruction_loss
+from workers.engine.models.toyworld.oracle import random_trackers
 from workers.engine.models.toyworld.world import BACKGROUND, Clip, random_clip
 from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV
 from workers.engine.models.wan.text_encoder import UMT5Encoder
@@ -84,14 +86,27 @@ class TrainConfig:
     context_fade_probability: float = 0.5  # share of context blocks faded towards the background
     context_fade_min: float = 0.2  # a faded context keeps this much of its objects, at least
     object_loss_weight: float = 5.0  # extra flow-loss weight of latent tokens at and next to objects
-    rollout_steps: int = 800  # stage 3: fine-tune on context the model generated itself
-    rollout_lr: float = 2e-4
-    recovery_steps: int = 500  # stage 4: teacher forcing where faded context may lose its objects
+    recovery_steps: int = 500  # stage 3: teacher forcing where faded context may lose its objects
     recovery_lr: float = 2e-4
+    oracle_steps: int = 600  # stage 4: fine-tune on the model's own rollouts, targets from the oracle
+    oracle_lr: float = 2e-4
+    oracle_rounds: int = 3  # fresh rollouts of the current model for each round
+    oracle_scenes: int = 64  # rollouts per round
+    oracle_blocks: int = 16  # blocks per rollout
 
     def quick(self) -> TrainConfig:
         """A few steps of everything: checks the whole path in a minute (weights are not useful)."""
-        return replace(self, vae_steps=20, dit_clips=16, dit_steps=20, rollout_steps=10, recovery_steps=10)
+        return replace(
+            self,
+            vae_steps=20,
+            dit_clips=16,
+            dit_steps=20,
+            recovery_steps=10,
+            oracle_steps=10,
+            oracle_rounds=2,
+            oracle_scenes=8,
+            oracle_blocks=6,
+        )
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -134,9 +149,12 @@ def train_vae(preset: ModelPreset, config: TrainConfig, rng: random.Random) -> P
 
 @dataclass
 class LatentClips:
-    latents: Tensor  # [N, F, z, h, w], normalised
+    latents: Tensor  # [N, F, z, h, w], normalised: the targets
     prompts: list[list[str]]  # per clip, per block
     background: Tensor  # [z, 1, 1]: the normalised latent of an empty frame
+    # What later blocks see of each block ([N, F, z, h, w]), when not the targets (faded and
+    # noised by `corrupt_context`): the model's own samples in oracle rollouts.
+    context: Tensor | None = None
 
 
 @torch.no_grad()
@@ -171,12 +189,14 @@ class TeacherForcingCache:
     The noisy pass of a block attends to the stored clean K/V plus its own; the context pass
     (`store = True`) does the same and then stores its K/V for the blocks after it, like
     inference's paged cache. Lists instead of in-place pages, so gradients flow through the past.
+    With `max_blocks` it keeps only the latest blocks, like inference's sliding window.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_blocks: int | None = None) -> None:
         self.keys: dict[int, list[Tensor]] = {}
         self.values: dict[int, list[Tensor]] = {}
         self.store = False
+        self.max_blocks = max_blocks
 
     def begin(self, start_frame: int, num_frames: int) -> None:
         pass
@@ -188,6 +208,8 @@ class TeacherForcingCache:
         if self.store:
             self.keys.setdefault(layer, []).append(k)
             self.values.setdefault(layer, []).append(v)
+            if self.max_blocks is not None and len(self.keys[layer]) > self.max_blocks:
+                del self.keys[layer][0], self.values[layer][0]
         return out
 
 
@@ -210,40 +232,46 @@ def new_networks(preset: ModelPreset) -> tuple[CausalWanDiT, UMT5Encoder]:
 
 @dataclass(frozen=True)
 class DiTStage:
-    """One DiT training stage: teacher forcing (2), rollouts of its own context (3), recovery (4)."""
+    """One DiT training stage: teacher forcing (2), recovery (3), oracle rollouts (4)."""
 
     name: str
     steps: int
     lr: float
     warmup_steps: int
-    rollout: bool
     fade_min: float  # a faded context keeps this much of its objects, at least
     seed_offset: int
+    rounds: int = 1  # oracle rollouts: fresh rollouts of the current model for each round
 
     @classmethod
     def teacher_forcing(cls, config: TrainConfig) -> DiTStage:
-        return cls(
-            "DiT", config.dit_steps, config.dit_lr, config.warmup_steps, False, config.context_fade_min, seed_offset=1
-        )
-
-    @classmethod
-    def rollouts(cls, config: TrainConfig) -> DiTStage:
-        warmup = min(config.warmup_steps, config.rollout_steps // 10)
-        return cls(
-            "DiT rollouts",
-            config.rollout_steps,
-            config.rollout_lr,
-            warmup,
-            True,
-            config.context_fade_min,
-            seed_offset=2,
-        )
+        return cls("DiT", config.dit_steps, config.dit_lr, config.warmup_steps, config.context_fade_min, seed_offset=1)
 
     @classmethod
     def recovery(cls, config: TrainConfig) -> DiTStage:
         """Faded context may keep nothing of its objects: a block whose past lost them draws them anew."""
         warmup = min(config.warmup_steps, config.recovery_steps // 10)
-        return cls("DiT recovery", config.recovery_steps, config.recovery_lr, warmup, False, 0.0, seed_offset=3)
+        return cls(
+            "DiT recovery",
+            config.recovery_steps,
+            config.recovery_lr,
+            warmup,
+            0.0,
+            seed_offset=3,
+        )
+
+    @classmethod
+    def oracle(cls, config: TrainConfig) -> DiTStage:
+        """The model's own rollouts as context, the oracle's continuation of them as targets (`oracle.py`)."""
+        warmup = min(config.warmup_steps, config.oracle_steps // 10)
+        return cls(
+            "DiT oracle rollouts",
+            config.oracle_steps,
+            config.oracle_lr,
+            warmup,
+            0.0,
+            seed_offset=4,
+            rounds=config.oracle_rounds,
+        )
 
 
 def train_dit(
@@ -252,7 +280,9 @@ def train_dit(
     config: TrainConfig,
     stage: DiTStage,
     networks: tuple[CausalWanDiT, UMT5Encoder],
+    refresh: Callable[[CausalWanDiT, UMT5Encoder, torch.Generator], LatentClips] | None = None,
 ) -> tuple[CausalWanDiT, UMT5Encoder]:
+    """Run one stage; `refresh` (oracle rollouts) replaces `data` at the start of each of its rounds."""
     generator = torch.Generator().manual_seed(config.seed + stage.seed_offset)
     dit, text = networks
     dit.train().requires_grad_(True)
@@ -270,16 +300,23 @@ def train_dit(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     sampler = BlockSampler.of(preset)
     nf = preset.pipeline.block.num_frame_per_block
-    n_clips = data.latents.shape[0]
     window = config.window_blocks
+    round_steps = math.ceil(stage.steps / stage.rounds)
     with tqdm(range(stage.steps), desc=stage.name, unit="step", file=sys.stderr) as bar:
-        for _ in bar:
+        for step in bar:
+            if refresh is not None and step % round_steps == 0:
+                dit.eval().requires_grad_(False)
+                text.eval().requires_grad_(False)
+                data = refresh(dit, text, generator)
+                dit.train().requires_grad_(True)
+                text.train().requires_grad_(True)
+            n_clips, clip_blocks = data.latents.shape[0], data.latents.shape[1] // nf
             clips = torch.randint(n_clips, (config.dit_batch,), generator=generator)
-            offset = int(torch.randint(config.clip_blocks - window + 1, (1,), generator=generator))
-            x0 = data.latents[clips, offset * nf : (offset + window) * nf]  # [B, W*nf, z, h, w]
+            offset = int(torch.randint(clip_blocks - window + 1, (1,), generator=generator))
+            frames = slice(offset * nf, (offset + window) * nf)
+            x0 = data.latents[clips, frames]  # [B, W*nf, z, h, w]
+            context = None if data.context is None else data.context[clips, frames]
             block_prompts = [data.prompts[int(c)][offset : offset + window] for c in clips]
-            # Rollouts start after a clean first block, so the targets stay the simulator's scene.
-            rollout_from = int(torch.randint(1, window - 1, (1,), generator=generator)) if stage.rollout else None
             loss = _teacher_forcing_loss(
                 dit,
                 text,
@@ -289,10 +326,10 @@ def train_dit(
                 block_prompts,
                 offset * nf,
                 sampler,
-                rollout_from,
-                stage.fade_min,
+                stage,
                 config,
                 generator,
+                context,
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -312,16 +349,16 @@ def _teacher_forcing_loss(
     block_prompts: list[list[str]],
     start_frame: int,
     sampler: BlockSampler,
-    rollout_from: int | None,
-    fade_min: float,
+    stage: DiTStage,
     config: TrainConfig,
     generator: torch.Generator,
+    context: Tensor | None = None,
 ) -> Tensor:
     """Mean flow-matching loss over the blocks of a window, each denoised against the earlier ones.
 
-    Blocks before `rollout_from` (all, when None) are seen by later blocks as the simulator's
-    latents (faded and noised, see `corrupt_context`); from `rollout_from` on, as the model's own
-    samples of them (no gradient through the sampling), so it learns to continue its own output.
+    Later blocks see the earlier ones as the targets faded and noised (see `corrupt_context`), or,
+    given `context` (oracle rollouts), as the model's own samples; then the first block, which sees
+    nothing of the rollout before it, only serves as context.
     """
     batch, frames = x0.shape[:2]
     nf = frames // config.window_blocks
@@ -334,34 +371,36 @@ def _teacher_forcing_loss(
     for block in range(config.window_blocks):
         prompt = dit.encode_prompt(embeds[[row[p[block]] for p in block_prompts]])
         start = start_frame + block * nf
-        clean = x0[:, block * nf : (block + 1) * nf]
-        t = sample_timesteps(batch, sampler.timesteps, sampler.shift, generator)
-        sigma = (t / 1000).view(batch, 1, 1, 1, 1)
-        noise = torch.randn(clean.shape, generator=generator)
-        noisy = (1 - sigma) * clean + sigma * noise
-        cache.store = False
-        flow = dit(noisy, t[:, None].expand(batch, nf).contiguous(), prompt, cache, start)
-        weight = object_weight(clean, background, config.object_loss_weight)
-        losses.append((weight * (flow - (noise - clean)).square()).mean() / weight.mean())
+        span = slice(block * nf, (block + 1) * nf)
+        clean = x0[:, span]
+        if context is None or block > 0:
+            t = sample_timesteps(batch, sampler.timesteps, sampler.shift, generator)
+            sigma = (t / 1000).view(batch, 1, 1, 1, 1)
+            noise = torch.randn(clean.shape, generator=generator)
+            noisy = (1 - sigma) * clean + sigma * noise
+            cache.store = False
+            flow = dit(noisy, t[:, None].expand(batch, nf).contiguous(), prompt, cache, start)
+            weight = object_weight(clean, background, config.object_loss_weight)
+            losses.append((weight * (flow - (noise - clean)).square()).mean() / weight.mean())
         if block + 1 < config.window_blocks:
-            if rollout_from is not None and block >= rollout_from:
-                with torch.no_grad():
-                    context = sampler.sample(dit, prompt, cache, start, clean.shape, generator)
+            if context is not None:
+                seen = context[:, span]
             else:
-                context = corrupt_context(clean, background, fade_min, config, generator)
+                seen = corrupt_context(clean, background, stage.fade_min, config, generator)
             cache.store = True
-            dit(context, torch.zeros(batch, nf), prompt, cache, start)
+            dit(seen, torch.zeros(batch, nf), prompt, cache, start)
     return torch.stack(losses).mean()
 
 
 @dataclass(frozen=True)
 class BlockSampler:
-    """The inference sampler of the preset (timesteps, sigmas, solver), for rollouts in training."""
+    """The inference sampler of the preset (timesteps, sigmas, solver), for the oracle rollouts."""
 
     timesteps: Tensor  # the denoising steps, in the dtype the model is fed
     sigmas: Tensor  # sigma of each step, then 0
     solver: str
     shift: float
+    frames_per_block: int
 
     @classmethod
     def of(cls, preset: ModelPreset) -> BlockSampler:
@@ -369,7 +408,8 @@ class BlockSampler:
         schedule = FlowMatchSchedule(sampling.schedule)
         timesteps = schedule.denoising_timesteps(sampling)
         sigmas = torch.cat([schedule.sigma(timesteps.float()), torch.zeros(1)])
-        return cls(timesteps, sigmas, sampling.solver, sampling.schedule.shift)
+        frames = preset.pipeline.block.num_frame_per_block
+        return cls(timesteps, sigmas, sampling.solver, sampling.schedule.shift, frames)
 
     def sample(
         self,
@@ -391,6 +431,77 @@ class BlockSampler:
             noise = x0 + flow if self.solver == "euler" else torch.randn(shape, generator=generator)
             x = (1 - self.sigmas[i + 1]) * x0 + self.sigmas[i + 1] * noise
         return x0
+
+
+@dataclass(frozen=True)
+class LatentCodec:
+    """The trained VAE with its latent statistics: uint8 frames <-> normalised latents."""
+
+    vae: PatchVAE
+    mean: Tensor  # [1, 1, z, 1, 1]
+    std: Tensor
+
+    @classmethod
+    def of(cls, vae: PatchVAE, mean: list[float], std: list[float]) -> LatentCodec:
+        return cls(vae, torch.tensor(mean).view(1, 1, -1, 1, 1), torch.tensor(std).view(1, 1, -1, 1, 1))
+
+    @torch.no_grad()
+    def encode(self, frames: np.ndarray) -> Tensor:
+        """uint8 [B, F, H, W, 3] -> normalised latents [B, F, z, h, w]."""
+        return (self.vae.encode_raw(to_video_tensor(frames)) - self.mean) / self.std
+
+    @torch.no_grad()
+    def decode(self, latents: Tensor) -> np.ndarray:
+        """Normalised latents [B, F, z, h, w] -> uint8 [B, F, H, W, 3], rounded like the engine's frames."""
+        video = self.vae.decode_raw(latents * self.std + self.mean).clamp(-1.0, 1.0)
+        return ((video * 0.5 + 0.5) * 255).round().to(torch.uint8).movedim(-3, -1).numpy()
+
+
+@torch.no_grad()
+def oracle_rollouts(
+    dit: CausalWanDiT,
+    text: UMT5Encoder,
+    tokenizer: PromptTokenizer,
+    sampler: BlockSampler,
+    codec: LatentCodec,
+    background: Tensor,
+    config: TrainConfig,
+    rng: random.Random,
+    generator: torch.Generator,
+) -> LatentClips:
+    """Roll the model out over fresh scenes, block by block in its inference window, from one block
+    of the simulator; each scene's `Tracker` follows what it draws and renders the targets.
+
+    Returns the targets as `latents` and the model's own blocks as `context` (block 0: the
+    simulator's, for both), the clips `train_dit` draws its windows from.
+    """
+    nf = sampler.frames_per_block
+    trackers, changes = random_trackers(rng, config.oracle_scenes, config.oracle_blocks, change_probability=0.4)
+    cache = TeacherForcingCache(max_blocks=config.window_blocks - 1)
+    targets, generated = [], []
+    prompts: list[list[str]] = [[] for _ in trackers]
+    for block in tqdm(range(config.oracle_blocks), desc="oracle rollouts", unit="block", file=sys.stderr, leave=False):
+        for tracker, change in zip(trackers, changes, strict=True):
+            if block in change:
+                tracker.change_colour(change[block])
+        target = codec.encode(np.stack([tracker.target_block(nf) for tracker in trackers]))
+        for tracker, scene_prompts in zip(trackers, prompts, strict=True):
+            scene_prompts.append(tracker.prompt)
+        unique = sorted({tracker.prompt for tracker in trackers})
+        embeds = text.prompt_embeds(*tokenizer(unique))
+        prompt = dit.encode_prompt(embeds[[unique.index(tracker.prompt) for tracker in trackers]])
+        start = block * nf
+        if block == 0:
+            latents = target
+        else:
+            latents = sampler.sample(dit, prompt, cache, start, target.shape, generator)
+            for tracker, frames in zip(trackers, codec.decode(latents), strict=True):
+                tracker.observe(frames)
+        cache.store = True
+        dit(latents, torch.zeros(len(trackers), nf), prompt, cache, start)
+        targets.append(target)
+        generated.append(latents)
+    return LatentClips(torch.cat(targets, dim=1), prompts, background, context=torch.cat(generated, dim=1))
 
 
 def object_weight(clean: Tensor, background: Tensor, extra: float) -> Tensor:
@@ -492,7 +603,7 @@ def train(
 
     Stage 1 writes the VAE to `out` (`vae_only` stops there); `reuse_vae` takes an earlier
     folder's VAE instead. Stage 2 (teacher forcing) writes a full model folder; `reuse_dit` takes
-    an earlier folder's stages 1 and 2 instead. Stages 3 (rollouts) and 4 (recovery) each
+    an earlier folder's stages 1 and 2 instead. Stages 3 (recovery) and 4 (oracle rollouts) each
     overwrite the DiT and text encoder. Every stage reads the previous one's weights as stored
     (fp16) and draws from its own seeds, so a run in one go and a run in steps give the same model.
     """
@@ -519,11 +630,20 @@ def train(
     else:
         _copy_files(reuse_dit, out, [DIT_FILE, TEXT_ENCODER_FILE])
         export_metadata(out, mean, std, config, time.perf_counter() - began)
-    if config.rollout_steps > 0:
-        dit, text = train_dit(preset, data, config, DiTStage.rollouts(config), load_trained_networks(out, preset))
-        export(out, dit, text, mean, std, config, time.perf_counter() - began)
     if config.recovery_steps > 0:
         dit, text = train_dit(preset, data, config, DiTStage.recovery(config), load_trained_networks(out, preset))
+        export(out, dit, text, mean, std, config, time.perf_counter() - began)
+    if config.oracle_steps > 0:
+        stage = DiTStage.oracle(config)
+        tokenizer = byte_level_tokenizer(preset.text_encoder.text_len)
+        sampler = BlockSampler.of(preset)
+        codec = LatentCodec.of(vae, mean, std)
+        scenes = random.Random(config.seed + stage.seed_offset)
+
+        def rollouts(dit: CausalWanDiT, text: UMT5Encoder, generator: torch.Generator) -> LatentClips:
+            return oracle_rollouts(dit, text, tokenizer, sampler, codec, data.background, config, scenes, generator)
+
+        dit, text = train_dit(preset, data, config, stage, load_trained_networks(out, preset), rollouts)
         export(out, dit, text, mean, std, config, time.perf_counter() - began)
     print(f"toyworld model written to {out} in {(time.perf_counter() - began) / 60:.1f} min")
 
@@ -561,12 +681,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="skip the VAE and teacher-forcing stages: take an earlier run's model folder DIR (its VAE, DiT "
-        "and text encoder) and run the rollout and recovery stages only",
+        "and text encoder) and run the recovery and oracle stages only",
     )
-    parser.add_argument("--rollout-steps", type=int, default=default.rollout_steps, help="steps of the rollout stage")
     parser.add_argument(
         "--recovery-steps", type=int, default=default.recovery_steps, help="steps of the recovery stage"
     )
+    parser.add_argument("--oracle-steps", type=int, default=default.oracle_steps, help="steps of the oracle stage")
     return parser
 
 
@@ -578,8 +698,8 @@ def main(argv: list[str] | None = None) -> int:
         vae_steps=args.vae_steps,
         dit_steps=args.dit_steps,
         dit_clips=args.clips,
-        rollout_steps=args.rollout_steps,
         recovery_steps=args.recovery_steps,
+        oracle_steps=args.oracle_steps,
     )
     if args.quick:
         config = config.quick()
