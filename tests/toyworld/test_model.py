@@ -1,6 +1,6 @@
 """The shipped toyworld weights: an ordinary model folder inside the package, a few MB, loaded by
-name through the same loader as the real models, generating the prompt's objects and following
-colour changes, read back from the pixels."""
+name through the same loader as the real models (and by default), generating the prompt's objects,
+following colour changes and keeping its objects for a minute, read back from the pixels."""
 
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ from workers.engine.model_dir import TOYWORLD_WEIGHTS, load_model, resolve_model
 from workers.engine.models.toyworld.evaluate import (
     PROMPT_SET,
     PromptFollowing,
+    colour_of_blocks,
+    drift,
     generate_blocks,
     prompt_following,
-    video_stats,
 )
 from workers.engine.models.toyworld.train import DIT_FILE, TEXT_ENCODER_FILE, VAE_FILE
+from workers.engine.models.toyworld.world import SceneSpec
 from workers.engine.sizing import session_shape
 from workers.engine.video import VideoGenerator
 
@@ -28,12 +30,12 @@ def test_shipped_weights_are_a_model_folder_of_a_few_megabytes() -> None:
     assert folder.preset.vae.latent_std != (1.0,) * 8  # the statistics training measured
     size = sum(p.stat().st_size for p in TOYWORLD_WEIGHTS.rglob("*") if p.is_file())
     assert size < 5 * 2**20, f"{size / 2**20:.1f} MiB"
-    # A window of 12 frames and 16384 time positions: sessions up to 17 minutes at 16 fps.
-    assert session_shape(folder.preset, 64, 64, 5461).cache_frames == 12
+    # A window of 6 frames and 16384 time positions: sessions up to 17 minutes at 16 fps.
+    assert session_shape(folder.preset, 64, 64, 5461).cache_frames == 6
 
 
-def test_toyworld_by_name_generates_the_prompted_square() -> None:
-    model = load_model("toyworld")
+def test_toyworld_is_the_default_model_and_generates_the_prompted_square() -> None:
+    model = load_model(None)
     assert (model.name, model.source, model.fps, model.width, model.height) == (
         "toyworld",
         TOYWORLD_WEIGHTS,
@@ -43,9 +45,8 @@ def test_toyworld_by_name_generates_the_prompted_square() -> None:
     )
     blocks = generate_blocks(VideoGenerator(model), "a blue square falling", 4, seed=0)
     assert [b.shape for b in blocks] == [(3, 64, 64, 3)] * 4
-    stats = video_stats(blocks, ["blue"] * 4)
-    # Read back from the pixels: a blue object in every frame of the four blocks.
-    assert np.mean([s.colour_match for s in stats]) == 1.0, stats
+    # Read back from the pixels: a blue object in every block.
+    assert colour_of_blocks(blocks) == ["blue"] * 4
 
 
 @cache
@@ -62,5 +63,24 @@ def test_the_object_has_the_prompt_colour_for_nine_in_ten_prompts() -> None:
 
 def test_a_colour_change_prompt_takes_within_two_blocks() -> None:
     result = following()
-    # Measured 7 of 8 (bench/RESULTS.md); the eighth change is what the next training run is for.
+    # Measured 8 of 8 (bench/RESULTS.md); one may miss on another CPU's floating-point rounding.
     assert sum(result.change_took) >= 7, result.colours
+
+
+# Three of the bench's scenes with their seeds (bench/toyworld.py): a ball bouncing off the walls,
+# a square under gravity, two balls in flight. Measured on screen 0.78 / 0.92 / 0.99 of the frames.
+MINUTE_SCENES = [
+    (SceneSpec("red", "ball", 1, "bouncing to the right"), 0),
+    (SceneSpec("green", "square", 1, "falling"), 1),
+    (SceneSpec("blue", "ball", 2, "bouncing around"), 2),
+]
+
+
+def test_a_minute_of_video_keeps_its_objects_on_screen_like_the_simulator() -> None:
+    generator = VideoGenerator(load_model("toyworld"))
+    results = [drift(generator, spec, blocks=320, seed=seed) for spec, seed in MINUTE_SCENES]  # 60 s each
+    assert all(r.on_screen >= 0.7 for r in results), results
+    assert np.mean([r.on_screen for r in results]) >= 0.85, results
+    assert np.mean([r.on_screen_last_quarter for r in results]) >= 0.85, results  # no decay over the minute
+    assert np.mean([r.colour_match for r in results]) >= 0.8, results
+    assert all(0.5 <= r.area_ratio <= 2.0 for r in results), results  # neither shrunk away nor smeared
