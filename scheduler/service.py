@@ -365,7 +365,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         schedule = {c.at_block: c for c in spec.prompts}
         preset = self._presets[spec.model]
         fps = float(preset.video.fps)
-        frames_per_block = record.valid.shape.frames_per_block * 4
+        frames_per_block = record.valid.shape.video_frames_per_block
         recoveries = 0
         while True:
             if record.cancel_requested:

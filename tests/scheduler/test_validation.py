@@ -24,15 +24,17 @@ def test_defaults_are_filled() -> None:
     assert (valid.spec.resolution.width, valid.spec.resolution.height) == (128, 128)
     assert valid.lookahead == 2 and valid.num_blocks == 3
     assert valid.shape.pages == 9  # global attention: every frame of 3 blocks x 3 frames
+    assert valid.shape.video_frames_per_block == 12  # the Wan VAE: 4 pixel frames per latent frame (pacing)
 
 
 def test_window_models_allow_unbounded_sessions_global_ones_do_not() -> None:
     with pytest.raises(InvalidRequest, match="spec.num_blocks: .*global attention"):
         validate_spec(spec(num_blocks=0), PRESETS, 2)
-    toyworld = {"toyworld": load_preset("toyworld")}  # a 12-frame window, 3 frames per block
+    toyworld = {"toyworld": load_preset("toyworld")}  # a 6-frame window, 3 frames per block
     unbounded = validate_spec(spec(model="toyworld", num_blocks=0), toyworld, 2)
-    assert unbounded.num_blocks is None and unbounded.shape.pages == 12  # the window, not the length
-    assert validate_spec(spec(model="toyworld", num_blocks=5461), toyworld, 2).shape.pages == 12
+    assert unbounded.num_blocks is None and unbounded.shape.pages == 6  # the window, not the length
+    assert unbounded.shape.video_frames_per_block == 3  # no time compression
+    assert validate_spec(spec(model="toyworld", num_blocks=5461), toyworld, 2).shape.pages == 6
     # A window bounds the cache, not the time positions: the RoPE table (16384 frames) still ends.
     with pytest.raises(InvalidRequest, match="spec.num_blocks: 5462 blocks need 16386 latent frames.*5461 blocks"):
         validate_spec(spec(model="toyworld", num_blocks=5462), toyworld, 2)

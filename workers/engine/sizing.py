@@ -26,6 +26,7 @@ class SessionShape:
     cache_frames: int  # latent frames the session holds at most
     pages: int  # KV pages it needs at most
     frames_per_block: int  # latent frames
+    video_frames_per_block: int  # pixel frames a block decodes to (after the first block)
 
 
 def native_latent_size(preset: ModelPreset) -> tuple[int, int]:
@@ -82,4 +83,5 @@ def session_shape(preset: ModelPreset, width: int, height: int, num_blocks: int 
         cache_frames=frames,
         pages=frames * pages_per_frame,
         frames_per_block=block.num_frame_per_block,
+        video_frames_per_block=block.num_frame_per_block * preset.vae.temporal_factor,
     )
