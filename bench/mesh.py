@@ -37,7 +37,7 @@ def in_process(generator: VideoGenerator, blocks: int, seed: int) -> tuple[float
 def through_mesh(client: Client, blocks: int, seed: int) -> tuple[float, float]:
     started = time.perf_counter()
     first = 0.0
-    info = client.create_session("a red ball bouncing", num_blocks=blocks, seed=seed)
+    info = client.create_session("a red ball bouncing", num_blocks=blocks, seed=seed, model="tiny")
     for event in client.events(info.session_id):
         if isinstance(event, BlockDone) and event.block_index == 0:
             first = time.perf_counter() - started
@@ -62,9 +62,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    generator = VideoGenerator(load_model(None))
+    generator = VideoGenerator(load_model("tiny"))
     with tempfile.TemporaryDirectory() as tmp:
-        mesh = start_mesh(MeshConfig(workdir=Path(tmp), workers=1, worker_threads=1, lookahead=64))
+        mesh = start_mesh(MeshConfig(workdir=Path(tmp), workers=1, worker_threads=1, lookahead=64, model=Path("tiny")))
         try:
             client = Client(mesh.address, timeout=120)
             in_process(generator, 1, 0), through_mesh(client, 1, 0)  # warm-up both paths

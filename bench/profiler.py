@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    generator = VideoGenerator(load_model(None))
+    generator = VideoGenerator(load_model("tiny"))
     generate(generator, 1, True)  # warm-up (imports, allocator)
     off, on = [], []
     for _ in range(args.repeats):

@@ -1,4 +1,4 @@
-# Worker on CPU: loads a model once and runs block jobs (tests, CPU-only clusters, the tiny model).
+# Worker on CPU: loads a model once and runs block jobs (tests, CPU-only clusters, the built-in toyworld model).
 #   docker build -f docker/worker-cpu.Dockerfile -t inferix/worker-cpu .
 # The package depends on PyTorch: its CPU build is installed first, so no CUDA libraries come in.
 FROM python:3.11.11-slim-bookworm AS build

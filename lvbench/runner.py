@@ -31,7 +31,7 @@ MANIFEST = "manifest.json"
 class RunConfig:
     server: str
     out: Path
-    model: str = "tiny"
+    model: str = "toyworld"
     seed: int = 0
     width: int = 0  # 0 = the model's native size
     height: int = 0

@@ -5,9 +5,9 @@ set -euo pipefail
 mkdir -p out
 echo "== 1/3 parity with the reference Self Forcing / CausVid code (golden vectors)"
 inferix verify-golden tests/golden | tail -n 1
-echo "== 2/3 inferix generate (tiny built-in model) -> out/demo-generate.mp4"
-inferix generate --prompt "a red ball bouncing" --prompt-at '4:"a green ball bouncing"' \
-  --blocks 8 --seed 1 --out out/demo-generate.mp4
+echo "== 2/3 inferix generate (built-in toyworld model) -> out/demo-generate.mp4"
+inferix generate --prompt "a red ball bouncing to the right" --prompt-at '16:"the ball turns green"' \
+  --blocks 32 --seed 1 --out out/demo-generate.mp4
 echo "== 3/3 inferix serve + a session with a prompt change -> out/demo-session.mp4"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 inferix serve --port "$port" --workdir out/demo-serve > out/demo-serve.log 2>&1 &
@@ -16,8 +16,8 @@ trap 'kill -TERM $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null || true' EX
 export INFERIX_SERVER="127.0.0.1:$port"
 for _ in $(seq 1 120); do grep -q "Ctrl-C to stop" out/demo-serve.log 2>/dev/null && break; sleep 1; done
 grep -q "Ctrl-C to stop" out/demo-serve.log || { cat out/demo-serve.log; exit 1; }
-session=$(inferix session create --prompt "a red ball bouncing" --prompt-at '4:"a green ball bouncing"' \
-  --blocks 8 --seed 1)
+session=$(inferix session create --prompt "a red ball bouncing to the right" \
+  --prompt-at '16:"the ball turns green"' --blocks 32 --seed 1)
 inferix session watch "$session"
 inferix session download "$session" out/demo-session.mp4
 echo "done: out/demo-generate.mp4 and out/demo-session.mp4 (the same frames, generated two ways)"

@@ -38,7 +38,7 @@ def parse_args() -> argparse.Namespace:
         "--model",
         type=Path,
         default=env("INFERIX_MODEL"),
-        help="model folder, or built-in: tiny (default), toyworld",
+        help="model folder, or built-in: toyworld (default), tiny",
     )
     parser.add_argument("--device", default=env("INFERIX_DEVICE", "cpu"))
     parser.add_argument("--dtype", default=env("INFERIX_DTYPE"), help="fp32, bf16, fp16 (default by device)")

@@ -42,7 +42,7 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("--out", type=Path, required=True, help="folder for <video_id>.mp4 and manifest.json")
     run.add_argument("--api-key", default=os.environ.get("INFERIX_API_KEY"), help="API key (env INFERIX_API_KEY)")
-    run.add_argument("--model", default="tiny", help="model served by the mesh (default tiny)")
+    run.add_argument("--model", default="toyworld", help="model served by the mesh (default toyworld)")
     run.add_argument(
         "--split",
         choices=("all", "train", "eval"),

@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
         help="run scheduler, kvcache_svc, streamer and workers locally",
         description=(
             "Start every Inferix service on this machine (127.0.0.1) with embedded defaults: an in-memory "
-            "store and the tiny built-in model unless --model is given. Prints the addresses; Ctrl-C stops "
+            "store and the built-in toyworld model unless --model is given. Prints the addresses; Ctrl-C stops "
             "everything cleanly."
         ),
         epilog="example: inferix serve --workers 2 --port 50051   then: inferix session create --prompt 'a red ball'",
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
         "--device cuda; gloo on CPU). Rank 0 serves; the model's heads / tokens must split evenly. "
         "Strategy: INFERIX_SP_STRATEGY (default auto). Default 1",
     )
-    parser.add_argument("--model", type=Path, default=None, help="model folder, or built-in: tiny (default), toyworld")
+    parser.add_argument("--model", type=Path, default=None, help="model folder, or built-in: toyworld (default), tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-pages", type=int, default=256, help="KV pages per worker (one latent frame each)")
     parser.add_argument("--redis-url", default=None, help="use Redis for sessions and committed blocks")
@@ -60,13 +60,17 @@ def run(args: argparse.Namespace) -> int:
     from inferix.launch import ServiceStartError
     from inferix.rtmp import RtmpServerError
     from inferix.serve import MeshConfig, start_mesh
+    from workers.engine.model_dir import BUILTIN_MODELS
 
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
     if args.ranks_per_worker < 1:
         raise UserError(f"--ranks-per-worker must be at least 1, got {args.ranks_per_worker}")
-    if args.model is not None and not args.model.is_dir():
-        raise UserError(f"--model {args.model}: not a folder (see README: model folders)")
+    if args.model is not None and not args.model.is_dir() and str(args.model) not in BUILTIN_MODELS:
+        raise UserError(
+            f"--model {args.model}: not a folder nor a built-in model ({', '.join(BUILTIN_MODELS)}); "
+            "see README: model folders"
+        )
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="inferix-serve-"))).resolve()
     config = MeshConfig(
         workdir=workdir,
@@ -85,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     if args.rtmp not in ("auto", "off") and not args.rtmp.startswith(("rtmp://", "rtmps://")):
         raise UserError(f"--rtmp must be auto, off or an rtmp:// URL, got {args.rtmp!r}")
     pods = f" of {args.ranks_per_worker} ranks" if args.ranks_per_worker > 1 else ""
-    print(f"starting Inferix ({args.workers} worker(s){pods}, model {args.model or 'tiny (built-in)'}) ...", flush=True)
+    model = args.model or "toyworld (built-in)"
+    print(f"starting Inferix ({args.workers} worker(s){pods}, model {model}) ...", flush=True)
     try:
         mesh = start_mesh(config)
     except (ServiceStartError, RtmpServerError) as exc:

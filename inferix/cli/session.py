@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     create = commands.add_parser("create", help="create a session (prints its id)")
     create.add_argument("--prompt", required=True)
     create.add_argument("--prompt-at", action="append", default=[], metavar='BLOCK:"TEXT"')
-    create.add_argument("--model", default="tiny")
+    create.add_argument("--model", default="toyworld", help="a model the workers serve (default toyworld)")
     create.add_argument("--blocks", type=int, default=0, help="blocks to generate (0 = until stopped)")
     create.add_argument("--seed", type=int, default=0)
     create.add_argument("--width", type=int, default=0)

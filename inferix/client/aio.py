@@ -76,7 +76,7 @@ class AsyncClient:
         self,
         prompt: str | list[PromptChange],
         *,
-        model: str = "tiny",
+        model: str = "toyworld",
         width: int = 0,
         height: int = 0,
         seed: int = 0,

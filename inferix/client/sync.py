@@ -72,7 +72,7 @@ class Client:
         self,
         prompt: str | list[PromptChange],
         *,
-        model: str = "tiny",
+        model: str = "toyworld",
         width: int = 0,
         height: int = 0,
         seed: int = 0,

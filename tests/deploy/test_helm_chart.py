@@ -184,7 +184,7 @@ def test_worker_mounts_the_model_folder(render: Render) -> None:
     assert {"name": "model-weights", "mountPath": "/weights", "readOnly": True} in container["volumeMounts"]
     assert {"name": "model-weights", "hostPath": {"path": "/mnt/models/causvid"}} in pod["volumes"]
 
-    # No volume: the built-in tiny model, no --model.
+    # No volume: the built-in toyworld model, no --model.
     assert flag(worker_container(render()), "model") is None
 
 

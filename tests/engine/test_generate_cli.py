@@ -23,9 +23,9 @@ def test_generate_writes_an_mp4_with_a_prompt_schedule(tmp_path: Path) -> None:
     result = inferix(
         "generate",
         "--prompt",
-        "a red ball",
+        "a red ball bouncing to the right",
         "--prompt-at",
-        '2:"a green ball"',
+        '2:"the ball turns green"',
         "--blocks",
         "3",
         "--seed",
@@ -38,10 +38,10 @@ def test_generate_writes_an_mp4_with_a_prompt_schedule(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     stream = ffprobe(out)
-    # tiny preset: 3 latent frames per block -> 9 + 12 + 12 pixel frames, 128x128 at 16 fps
-    expected = {"codec_name": "h264", "width": "128", "height": "128", "r_frame_rate": "16/1", "nb_read_frames": "33"}
+    # the default toyworld model: 3 video frames per block, 64x64 at 16 fps
+    expected = {"codec_name": "h264", "width": "64", "height": "64", "r_frame_rate": "16/1", "nb_read_frames": "9"}
     assert {key: stream[key] for key in expected} == expected
-    assert "time to first block" in result.stdout and "33 frames" in result.stdout
+    assert "time to first block" in result.stdout and "9 frames" in result.stdout and "model toyworld" in result.stdout
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""`inferix lvbench run` against a real mesh (tiny model, one worker), then `eval` on what it made."""
+"""`inferix lvbench run` against a real mesh (the default toyworld model, one worker), then `eval` on what it made."""
 
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ def write_annotations(path: Path) -> Path:
                 {"start": 2.0, "end": 2.8, "text": "the ball turns blue"},
             ],
         },
-        {  # 300 s: longer than the tiny model's position range, so the scheduler refuses it
+        {  # 1100 s: longer than toyworld's position range (16384 frames = 1024 s), so the scheduler refuses it
             "video_id": "too_long",
-            "captions": [{"start": 0.0, "end": 300.0, "text": "a very long walk"}],
+            "captions": [{"start": 0.0, "end": 1100.0, "text": "a very long walk"}],
         },
         {
             "video_id": "city",
@@ -62,17 +62,17 @@ def test_run_generates_each_video_with_its_schedule_then_eval_scores_them(
     assert "too_long: failed: INVALID_ARGUMENT: spec.num_blocks" in printed and "2 of 3 videos" in printed
 
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["timing"] == {"fps": 16.0, "first_block_frames": 9, "frames_per_block": 12}
+    assert manifest["timing"] == {"fps": 16.0, "first_block_frames": 3, "frames_per_block": 3}
     runs = {r["video_id"]: r for r in manifest["videos"]}
     assert [runs[v]["status"] for v in ("ball", "too_long", "city")] == ["ok", "failed", "ok"]
     ball, city = runs["ball"], runs["city"]
-    assert (ball["num_blocks"], ball["frames"], city["num_blocks"], city["frames"]) == (4, 45, 5, 57)
+    assert (ball["num_blocks"], ball["frames"], city["num_blocks"], city["frames"]) == (15, 45, 19, 57)
     assert [(p["at_block"], p["text"]) for p in ball["prompts"]] == [
         (0, "a red ball bouncing"),
-        (2, "the ball turns green"),
-        (3, "the ball turns blue"),
+        (5, "the ball turns green"),  # 1 s = frame 16, nearest the start of block 5 (frame 15)
+        (11, "the ball turns blue"),  # 2 s = frame 32, nearest block 11 (frame 33)
     ]
-    assert [p["at_block"] for p in city["prompts"]] == [0, 2]  # 1.5 s = frame 24: block 2 starts at 21
+    assert [p["at_block"] for p in city["prompts"]] == [0, 8]  # 1.5 s = frame 24: block 8 starts there
     assert ball["blocks_match_plan"] and city["blocks_match_plan"]
     assert ball["first_block_s"] > 0 and ball["wall_s"] >= ball["first_block_s"] and ball["mean_block_ms"] > 0
     assert sorted(p.name for p in out.glob("*.mp4")) == ["ball.mp4", "city.mp4"]
@@ -86,8 +86,8 @@ def test_run_generates_each_video_with_its_schedule_then_eval_scores_them(
     assert main(["lvbench", "eval", "--videos", str(out), "--chunks", "4", "--quiet"]) == 0
     results = json.loads((out / "lvbench-eval" / "results.json").read_text())
     assert [(v["video"], v["frames"], v["width"], v["height"]) for v in results["videos"]] == [
-        ("ball.mp4", 45, 128, 128),
-        ("city.mp4", 57, 128, 128),
+        ("ball.mp4", 45, 64, 64),
+        ("city.mp4", 57, 64, 64),
     ]
     for video in results["videos"]:
         for metric in video["metrics"].values():
@@ -102,8 +102,8 @@ def test_run_dry_run_prints_the_schedules(tmp_path: Path, capsys: pytest.Capture
     assert main([*args, "--split", "eval"]) == 0
     printed = capsys.readouterr().out
     assert printed.count(" s -> ") == 1  # 20% of 3 videos rounds to 1
-    assert main([*args, "--fps", "8"]) == 0  # overrides the preset: 2.8 s is 22.4 frames -> 3 blocks
-    assert "ball: 2.8 s -> 3 blocks, 33 frames" in capsys.readouterr().out
+    assert main([*args, "--fps", "8"]) == 0  # overrides the preset: 2.8 s is 22.4 frames -> 8 blocks of 3
+    assert "ball: 2.8 s -> 8 blocks, 24 frames" in capsys.readouterr().out
     assert not (tmp_path / "v").exists()
 
 

@@ -15,10 +15,10 @@ folder (``config.json`` + ``diffusion_pytorch_model.safetensors``) is never auto
 DiT, because the Wan2.1 release folder itself is one (the bidirectional base model, not a causal
 few-step model): name it in ``files.dit`` explicitly.
 
-Without a folder, `load_model` builds the ``tiny`` preset: deterministic random weights and a
-byte-level tokenizer, made in-process, so generation works on a machine with no downloads.
-``toyworld`` names the model folder that `make train-toyworld` writes into the package
-(``models/toyworld/weights``): a tiny causal Wan model of the toyworld simulator.
+Without a folder, `load_model` loads the built-in ``toyworld`` model: a tiny causal Wan model of
+the toyworld simulator, whose weights ship in the package as a model folder of this layout
+(``models/toyworld/weights``, written by `make train-toyworld`). ``tiny`` names the other built-in
+model: deterministic random weights made in-process, for smoke tests. Neither needs a download.
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ __all__ = [
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 MODEL_YAML = "model.yaml"
-# Built-in models, by name: random-weight tiny, and toyworld (trained into the package folder).
+# Built-in models, by name: toyworld (trained weights shipped in the package), random-weight tiny.
 TOYWORLD_WEIGHTS = Path(__file__).resolve().parent / "models" / "toyworld" / "weights"
 BUILTIN_MODELS = ("toyworld", "tiny")
-DEFAULT_MODEL = "tiny"
+DEFAULT_MODEL = "toyworld"
 UNK_TOKEN = "<unk>"
 # Ids of the byte-level tokenizer: T5's special ids first (pad 0, eos 1, unk 2), then one per byte.
 BYTE_TOKENIZER_SPECIALS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
@@ -161,7 +161,7 @@ def resolve_model_dir(path: str | Path) -> ModelDirectory:
     if not root.is_dir():
         raise UserError(
             f"model folder {root} does not exist or is not a directory; see the model folder layout in the "
-            "README, or omit --model to run the built-in tiny test model"
+            "README, or omit --model to run the built-in toyworld model"
         )
     yaml_path = root / MODEL_YAML
     preset = _read_model_yaml(yaml_path) if yaml_path.is_file() else _detect_preset(root)
@@ -252,8 +252,8 @@ def load_model(
     device: torch.device | str = "cpu",
     attention_backend: str = "auto",
 ) -> LoadedModel:
-    """Load the model of a model folder, or a built-in model: ``tiny`` (the default when ``path`` is
-    None; random weights, for smoke tests) or ``toyworld`` (the weights `make train-toyworld` wrote).
+    """Load the model of a model folder, or a built-in model: ``toyworld`` (the default when ``path``
+    is None; trained weights shipped in the package) or ``tiny`` (random weights, for smoke tests).
 
     All three networks get ``dtype`` (fp32 / bf16 / fp16) and ``device``.
     """
