@@ -9,7 +9,7 @@ import numpy as np
 
 from workers.engine.models.toyworld.measure import read_frame
 from workers.engine.models.toyworld.oracle import Tracker, random_trackers
-from workers.engine.models.toyworld.world import PALETTE, SceneSpec, World
+from workers.engine.models.toyworld.world import PALETTE, SceneSpec
 
 SPEC = SceneSpec("red", "ball", 1, "bouncing around")
 
@@ -96,4 +96,3 @@ def test_random_trackers_are_seeded_and_change_colour_after_the_first_blocks() -
             assert 2 <= block < 8 and colour in PALETTE and colour != oracle.world.colour
             oracle.change_colour(colour)
             assert oracle.world.colour == colour and colour in oracle.prompt
-    assert isinstance(trackers[0].world, World)

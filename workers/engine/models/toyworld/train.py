@@ -60,6 +60,7 @@ from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV
 from workers.engine.models.wan.text_encoder import UMT5Encoder
 from workers.engine.models.wan.tokenizer import PromptTokenizer
 from workers.engine.presets import ModelPreset, load_preset
+from workers.engine.video import to_uint8_frames
 
 PRESET = "toyworld"
 OBJECT_LOSS_WEIGHT = 10.0  # extra weight of object pixels in the VAE's reconstruction loss
@@ -249,29 +250,22 @@ class DiTStage:
     @classmethod
     def recovery(cls, config: TrainConfig) -> DiTStage:
         """Faded context may keep nothing of its objects: a block whose past lost them draws them anew."""
-        warmup = min(config.warmup_steps, config.recovery_steps // 10)
-        return cls(
-            "DiT recovery",
-            config.recovery_steps,
-            config.recovery_lr,
-            warmup,
-            0.0,
-            seed_offset=3,
-        )
+        return cls.fine_tuning(config, "DiT recovery", config.recovery_steps, config.recovery_lr, seed_offset=3)
 
     @classmethod
     def oracle(cls, config: TrainConfig) -> DiTStage:
         """The model's own rollouts as context, the oracle's continuation of them as targets (`oracle.py`)."""
-        warmup = min(config.warmup_steps, config.oracle_steps // 10)
-        return cls(
-            "DiT oracle rollouts",
-            config.oracle_steps,
-            config.oracle_lr,
-            warmup,
-            0.0,
-            seed_offset=4,
-            rounds=config.oracle_rounds,
+        return cls.fine_tuning(
+            config, "DiT oracle rollouts", config.oracle_steps, config.oracle_lr, 4, config.oracle_rounds
         )
+
+    @classmethod
+    def fine_tuning(
+        cls, config: TrainConfig, name: str, steps: int, lr: float, seed_offset: int, rounds: int = 1
+    ) -> DiTStage:
+        """A stage after teacher forcing: a short warm-up, context faded down to nothing."""
+        warmup = min(config.warmup_steps, steps // 10)
+        return cls(name, steps, lr, warmup, 0.0, seed_offset, rounds)
 
 
 def train_dit(
@@ -452,9 +446,9 @@ class LatentCodec:
 
     @torch.no_grad()
     def decode(self, latents: Tensor) -> np.ndarray:
-        """Normalised latents [B, F, z, h, w] -> uint8 [B, F, H, W, 3], rounded like the engine's frames."""
-        video = self.vae.decode_raw(latents * self.std + self.mean).clamp(-1.0, 1.0)
-        return ((video * 0.5 + 0.5) * 255).round().to(torch.uint8).movedim(-3, -1).numpy()
+        """Normalised latents [B, F, z, h, w] -> uint8 [B, F, H, W, 3], the engine's frames."""
+        video = self.vae.decode_raw(latents * self.std + self.mean)
+        return np.stack([to_uint8_frames(clip[None]) for clip in video])
 
 
 @torch.no_grad()
