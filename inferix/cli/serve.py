@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from inferix.launch import ServiceStartError
     from inferix.rtmp import RtmpServerError
     from inferix.serve import MeshConfig, start_mesh
-    from workers.engine.model_dir import BUILTIN_MODELS
+    from workers.engine.builtin_models import BUILTIN_MODELS
 
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, got {args.workers}")

@@ -34,6 +34,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from inferix.errors import UserError
+from workers.engine.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL
 from workers.engine.checkpoint import load_dit, load_into, load_vae, parse_dtype, seeded_state_dict
 from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig
 from workers.engine.models.wan.dit import CausalWanDiT
@@ -60,10 +61,7 @@ __all__ = [
 ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 MODEL_YAML = "model.yaml"
-# Built-in models, by name: toyworld (trained weights shipped in the package), random-weight tiny.
 TOYWORLD_WEIGHTS = Path(__file__).resolve().parent / "models" / "toyworld" / "weights"
-BUILTIN_MODELS = ("toyworld", "tiny")
-DEFAULT_MODEL = "toyworld"
 UNK_TOKEN = "<unk>"
 # Ids of the byte-level tokenizer: T5's special ids first (pad 0, eos 1, unk 2), then one per byte.
 BYTE_TOKENIZER_SPECIALS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
