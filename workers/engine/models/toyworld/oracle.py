@@ -72,7 +72,7 @@ class Tracker:
         seen = 0
         for index, body in enumerate(bodies):
             mine = points[(nearest == index) & (distance[:, index] <= body.size + SEARCH_MARGIN)]
-            if len(mine) < SEEN_AREA_SHARE * self.body_area(body):
+            if len(mine) < SEEN_AREA_SHARE * self.world.body_area(body):
                 continue
             body.x, body.y = (float(v) for v in mine.mean(axis=0))
             seen += 1
@@ -80,9 +80,6 @@ class Tracker:
             self.world.bodies = copy.deepcopy(bodies)
             self.world.step()
         return seen
-
-    def body_area(self, body: Body) -> float:
-        return float(np.pi * body.size**2) if self.world.spec.shape == "ball" else 4 * body.size**2
 
 
 def random_trackers(

@@ -178,9 +178,11 @@ class World:
 
     def object_area(self) -> float:
         """Pixels the objects cover (overlaps counted twice): the truth drift is measured against."""
-        if self.spec.shape == "ball":
-            return sum(math.pi * b.size**2 for b in self.bodies)
-        return sum(4 * b.size**2 for b in self.bodies)
+        return sum(self.body_area(b) for b in self.bodies)
+
+    def body_area(self, body: Body) -> float:
+        """Pixels one body covers."""
+        return math.pi * body.size**2 if self.spec.shape == "ball" else 4 * body.size**2
 
 
 @dataclass(frozen=True)
