@@ -2,6 +2,7 @@
 
     python bench/toyworld.py                       # the shipped model, 60 s videos, PNG plot
     python bench/toyworld.py --model DIR --seconds 30
+    python bench/toyworld.py --seconds 30 --window 12    # another attention window (frames)
 
 Prompt following: the colour of the object read from the pixels of 4 blocks, for 16 fixed prompts
 (every colour, both shapes, one and two objects, every motion), and for 8 colour changes at
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
@@ -76,16 +78,22 @@ def main() -> int:
     parser.add_argument("--model", default="toyworld", help="model folder or built-in name (default: toyworld)")
     parser.add_argument("--seconds", type=float, default=60.0, help="length of each drift video")
     parser.add_argument("--speed-blocks", type=int, default=20, help="blocks of the speed run")
+    parser.add_argument("--window", type=int, help="attention window in latent frames (default: the preset's)")
     parser.add_argument("--png", type=Path, default=Path("bench/toyworld_drift.png"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = load_model(args.model)
+    if args.window is not None:
+        pipeline = model.preset.pipeline
+        windowed = replace(pipeline.block, local_attn_size=args.window)
+        model = replace(model, preset=replace(model.preset, pipeline=replace(pipeline, block=windowed)))
     generator = VideoGenerator(model)
     fps = model.fps
 
     measure_speed(generator, 2)  # warm-up
     speed, frames, seconds = measure_speed(generator, args.speed_blocks)
-    print(f"model {model.name} ({model.width}x{model.height} @ {fps} fps), one CPU thread")
+    window = model.pipeline_config.block.local_attn_size
+    print(f"model {model.name} ({model.width}x{model.height} @ {fps} fps, window {window} frames), one CPU thread")
     print(f"speed: {frames} frames in {seconds:.2f} s = {speed:.1f} frames/s = {speed / fps:.2f}x real time")
 
     following = prompt_following(generator)
@@ -103,6 +111,12 @@ def main() -> int:
         simulated.append(simulator_stats(spec, blocks, seed))
     took = time.perf_counter() - began
     print(f"drift: {len(SCENES)} videos x {blocks} blocks ({args.seconds:.0f} s each) in {took:.0f} s")
+    for spec, stats in zip(SCENES, generated, strict=True):
+        on_screen = np.array([s.on_screen for s in stats])
+        print(
+            f"  {spec.prompt():<40} centroid on screen {on_screen.mean():.2f} "
+            f"(last quarter {on_screen[blocks * 3 // 4 :].mean():.2f})"
+        )
 
     times = np.array([s.first_frame for s in generated[0]], dtype=np.float64) / fps
     curves = {
@@ -116,9 +130,9 @@ def main() -> int:
     for b in [*range(0, blocks, step), blocks - 1]:
         row = " ".join(f"{model_v[b]:>11.2f} (sim {sim_v[b]:4.2f})" for model_v, sim_v in curves.values())
         print(f"{times[b]:>6.1f} {row}")
-    last_quarter = slice(blocks * 3 // 4, blocks)
-    summary = ", ".join(f"{name} {model_v[last_quarter].mean():.2f}" for name, (model_v, _) in curves.items())
-    print(f"last quarter of the minute (model): {summary}")
+    for label, span in (("whole video", slice(0, blocks)), ("last quarter", slice(blocks * 3 // 4, blocks))):
+        summary = ", ".join(f"{name} {model_v[span].mean():.2f}" for name, (model_v, _) in curves.items())
+        print(f"{label} of the {args.seconds:.0f} s (model): {summary}")
 
     figure, axes = plt.subplots(1, len(curves), figsize=(4 * len(curves), 3.2), constrained_layout=True)
     for axis, (name, (model_v, sim_v)) in zip(axes, curves.items(), strict=True):
