@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,8 +116,17 @@ class InternalTokenInterceptor(grpc.aio.ServerInterceptor):
                 grpc.StatusCode.PERMISSION_DENIED, f"internal call without a valid {INTERNAL_TOKEN_HEADER}"
             )
 
-        self._deny_unary = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream = grpc.stream_unary_rpc_method_handler(deny)
+        async def deny_stream(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+            await deny(request, context)
+            yield None  # never reached: abort raises; the yield makes this a streaming handler
+
+        # One refusal per call shape: (request streaming, response streaming).
+        self._deny = {
+            (False, False): grpc.unary_unary_rpc_method_handler(deny),
+            (True, False): grpc.stream_unary_rpc_method_handler(deny),
+            (False, True): grpc.unary_stream_rpc_method_handler(deny_stream),
+            (True, True): grpc.stream_stream_rpc_method_handler(deny_stream),
+        }
 
     async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         if not details.method.startswith(self._protected):
@@ -127,9 +136,9 @@ class InternalTokenInterceptor(grpc.aio.ServerInterceptor):
         if hmac.compare_digest(value, self._token):
             return await continuation(details)
         handler = await continuation(details)
-        if handler is not None and handler.request_streaming:
-            return self._deny_stream
-        return self._deny_unary
+        if handler is None:
+            return self._deny[(False, False)]
+        return self._deny[(bool(handler.request_streaming), bool(handler.response_streaming))]
 
 
 def _with_token(details: Any, token: str) -> Any:

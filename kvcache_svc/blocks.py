@@ -142,21 +142,32 @@ class BlockStore:
             raise
         return added
 
-    async def get(self, session_id: str) -> list[CommittedBlock] | None:
-        """The session's blocks by ascending index; None when it has never committed one."""
+    async def indices(self, session_id: str) -> list[int] | None:
+        """The session's committed block indices, ascending; None when it has never committed one."""
         require_id("session_id", session_id)
         index = _decode_index(await self.store.get(_index_key(session_id)))
-        if not index:
-            return None
-        ordered = sorted(index.items())
-        values = await self.store.get_many([_block_key(session_id, i, d) for i, d in ordered])
-        missing = [i for (i, _), value in zip(ordered, values, strict=True) if value is None]
+        return sorted(index) if index else None
+
+    async def get_range(self, session_id: str, block_indices: list[int]) -> list[CommittedBlock]:
+        """These committed blocks, in the order given (one store round trip)."""
+        require_id("session_id", session_id)
+        index = _decode_index(await self.store.get(_index_key(session_id)))
+        unknown = [i for i in block_indices if i not in index]
+        if unknown:
+            raise StoreError(f"blocks {unknown} of session {session_id!r} are not committed")
+        values = await self.store.get_many([_block_key(session_id, i, index[i]) for i in block_indices])
+        missing = [i for i, value in zip(block_indices, values, strict=True) if value is None]
         if missing:
             raise StoreError(
                 f"committed blocks {missing} of session {session_id!r} are listed but missing from the store "
                 "(expired or deleted outside kvcache_svc)"
             )
         return [CommittedBlock.decode(value) for value in values if value is not None]
+
+    async def get(self, session_id: str) -> list[CommittedBlock] | None:
+        """The session's blocks by ascending index; None when it has never committed one."""
+        indices = await self.indices(session_id)
+        return None if indices is None else await self.get_range(session_id, indices)
 
     async def expire(self, session_id: str, ttl_s: float) -> int:
         """Let every committed block of the session expire in `ttl_s`; returns how many."""

@@ -17,13 +17,17 @@ from kvcache_svc.registry import Registry
 
 log = logging.getLogger("kvcache_svc.metrics")
 
-WORKERS_ALIVE = Gauge("inferix_kvcache_workers_alive", "Workers heard from within the heartbeat timeout")
+WORKERS_ALIVE = Gauge(
+    "inferix_kvcache_workers_alive",
+    "Workers placement may choose: heard from within the heartbeat timeout, not draining, not suspect",
+)
 WORKERS_REGISTERED = Gauge("inferix_kvcache_workers_registered", "Workers registered, alive or not")
 PAGES_TOTAL = Gauge("inferix_kvcache_pages_total", "KV pool pages declared by alive workers")
 PAGES_USED = Gauge("inferix_kvcache_pages_used", "KV pool pages in use on alive workers, as last reported")
 PAGES_RESERVED = Gauge("inferix_kvcache_pages_reserved", "KV pool pages reserved by admitted sessions on alive workers")
 ADMISSIONS = Counter("inferix_kvcache_admissions", "Admit requests by outcome", ["outcome"])
 OFFLOADS = Counter("inferix_kvcache_offloads", "Sessions told to move their KV pages to host memory")
+WORKER_FAILURES = Counter("inferix_kvcache_worker_failures", "Workers reported unreachable by the scheduler")
 for _outcome in ("accepted", "rejected"):
     ADMISSIONS.labels(outcome=_outcome)  # export both series from the start, at 0
 

@@ -63,6 +63,12 @@ class WorkerRecord:
     sequence: int = 0  # last accepted heartbeat sequence; RegisterWorker resets it to 0
     last_seen_unix: float = 0.0
     reservations: dict[str, int] = field(default_factory=dict)  # session id -> pages
+    departed: bool = False  # deregistered while draining; RegisterWorker clears it
+    suspect_since: float = 0.0  # wall clock of the last failure report; a later heartbeat clears it
+
+    @property
+    def suspect(self) -> bool:
+        return self.suspect_since > 0.0 and self.last_seen_unix <= self.suspect_since
 
     @property
     def reserved_pages(self) -> int:
@@ -95,7 +101,9 @@ class Registry:
         return WORKERS_PREFIX + worker_id
 
     def alive(self, record: WorkerRecord) -> bool:
-        return self.clock() - record.last_seen_unix <= self.heartbeat_timeout_s
+        """Placement may choose it: heartbeating, not departed, not suspect."""
+        fresh = self.clock() - record.last_seen_unix <= self.heartbeat_timeout_s
+        return fresh and not record.departed and not record.suspect
 
     def load(self, record: WorkerRecord, ignore_session: str = "") -> WorkerLoad:
         """Placement view of `record`; `ignore_session`'s own reservation does not count, so that
@@ -189,6 +197,33 @@ class Registry:
             record.sessions = kv.sessions
             record.session_ids = session_ids
             record.last_seen_unix = self.clock()
+            return record.encode()
+
+        return WorkerRecord.decode(await self._update(worker_id, fn))
+
+    async def deregister(self, worker_id: str) -> WorkerRecord:
+        """A draining worker leaves placement now; its sessions move when the scheduler re-places them."""
+        require_id("worker_id", worker_id)
+
+        def fn(old: bytes | None) -> bytes:
+            if old is None:
+                raise NotFoundError(f"worker {worker_id!r} is not registered")
+            record = WorkerRecord.decode(old)
+            record.departed = True
+            return record.encode()
+
+        return WorkerRecord.decode(await self._update(worker_id, fn))
+
+    async def report_failure(self, worker_id: str) -> WorkerRecord:
+        """Someone could not reach the worker: no admission on it until its next heartbeat."""
+        require_id("worker_id", worker_id)
+        now = self.clock()
+
+        def fn(old: bytes | None) -> bytes:
+            if old is None:
+                raise NotFoundError(f"worker {worker_id!r} is not registered")
+            record = WorkerRecord.decode(old)
+            record.suspect_since = max(now, record.last_seen_unix)
             return record.encode()
 
         return WorkerRecord.decode(await self._update(worker_id, fn))

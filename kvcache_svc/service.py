@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -32,6 +32,10 @@ from kvcache_svc.offload import SessionReport, Watermarks, plan_offload
 from kvcache_svc.registry import KVReport, Registry, WorkerRecord, require_id
 
 log = logging.getLogger("kvcache_svc")
+# GetCommittedBlocks reads this many blocks from the store at a time and streams messages of about
+# this size, so neither a session's length nor the 64 MiB message cap bounds recovery.
+FETCH_BLOCKS = 16
+STREAM_MESSAGE_BYTES = 4 * 2**20
 
 SERVICE_NAME = kvcache_pb2.DESCRIPTOR.services_by_name["KVCacheService"].full_name
 
@@ -63,6 +67,23 @@ def _with_statuses(handler: Callable[[S, Q, Any], Awaitable[R]]) -> Callable[[S,
             code = next(code for cls, code in _STATUS if isinstance(exc, cls))
             await context.abort(code, str(exc))
             raise  # context.abort always raises; this line only satisfies the type checker
+
+    return wrapper
+
+
+def _stream_with_statuses(
+    handler: Callable[[S, Q, Any], AsyncIterator[R]],
+) -> Callable[[S, Q, Any], AsyncIterator[R]]:
+    """`_with_statuses` for server-streaming handlers."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: S, request: Q, context: Any) -> AsyncIterator[R]:
+        try:
+            async for item in handler(self, request, context):
+                yield item
+        except (KVCacheError, StoreError) as exc:
+            code = next(code for cls, code in _STATUS if isinstance(exc, cls))
+            await context.abort(code, str(exc))
 
     return wrapper
 
@@ -103,6 +124,8 @@ def _worker_info(record: WorkerRecord, alive: bool) -> kvcache_pb2.WorkerInfo:
         reserved_pages=record.reserved_pages,
         last_seen_unix=record.last_seen_unix,
         alive=alive,
+        suspect=record.suspect,
+        departed=record.departed,
     )
 
 
@@ -127,6 +150,25 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
             record.total_pages,
         )  # fmt: skip
         return kvcache_pb2.RegisterWorkerResponse(heartbeat_interval_s=self.config.heartbeat_interval_s)
+
+    @_with_statuses
+    async def DeregisterWorker(
+        self, request: kvcache_pb2.DeregisterWorkerRequest, context: Any
+    ) -> kvcache_pb2.DeregisterWorkerResponse:
+        record = await self.registry.deregister(request.worker_id)
+        log.info("worker %s deregistered (draining); %d session(s) reserved on it", record.worker_id,
+                 len(record.reservations))  # fmt: skip
+        return kvcache_pb2.DeregisterWorkerResponse()
+
+    @_with_statuses
+    async def ReportWorkerFailure(
+        self, request: kvcache_pb2.ReportWorkerFailureRequest, context: Any
+    ) -> kvcache_pb2.ReportWorkerFailureResponse:
+        record = await self.registry.report_failure(request.worker_id)
+        metrics.WORKER_FAILURES.inc()
+        log.warning("worker %s reported unreachable (%s): no admission on it until it heartbeats again",
+                    record.worker_id, request.reason[:200] or "no reason given")  # fmt: skip
+        return kvcache_pb2.ReportWorkerFailureResponse()
 
     @_with_statuses
     async def Heartbeat(self, request: kvcache_pb2.HeartbeatRequest, context: Any) -> kvcache_pb2.HeartbeatResponse:
@@ -191,19 +233,30 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
         await self.blocks.commit(request.session_id, CommittedBlock.from_proto(request.block))
         return kvcache_pb2.CommitBlockResponse()
 
-    @_with_statuses
+    @_stream_with_statuses
     async def GetCommittedBlocks(
         self, request: kvcache_pb2.GetCommittedBlocksRequest, context: Any
-    ) -> kvcache_pb2.GetCommittedBlocksResponse:
-        blocks = await self.blocks.get(request.session_id)
-        if blocks is None:
-            if not await self.registry.holds_reservation(request.session_id):
-                raise NotFoundError(
-                    f"session {request.session_id!r} has no committed blocks and no reservation "
-                    "(never admitted, or its blocks expired after release)"
-                )
-            blocks = []
-        return kvcache_pb2.GetCommittedBlocksResponse(blocks=[block.to_proto() for block in blocks])
+    ) -> AsyncIterator[kvcache_pb2.GetCommittedBlocksResponse]:
+        """Streams the blocks in order, each message at most ~`STREAM_MESSAGE_BYTES` (one block at least)."""
+        indices = await self.blocks.indices(request.session_id)
+        if indices is None and not await self.registry.holds_reservation(request.session_id):
+            raise NotFoundError(
+                f"session {request.session_id!r} has no committed blocks and no reservation "
+                "(never admitted, or its blocks expired after release)"
+            )
+        wanted = [i for i in indices or [] if i >= request.from_block]
+        batch: list[kvcache_pb2.CommittedBlock] = []
+        size = 0
+        for start in range(0, len(wanted), FETCH_BLOCKS):
+            for block in await self.blocks.get_range(request.session_id, wanted[start : start + FETCH_BLOCKS]):
+                message = block.to_proto()
+                if batch and size + message.ByteSize() > STREAM_MESSAGE_BYTES:
+                    yield kvcache_pb2.GetCommittedBlocksResponse(blocks=batch)
+                    batch, size = [], 0
+                batch.append(message)
+                size += message.ByteSize()
+        if batch or not wanted:
+            yield kvcache_pb2.GetCommittedBlocksResponse(blocks=batch)
 
 
 def add_to_server(server: grpc.aio.Server, store: Store, config: KVCacheConfig) -> Registration:

@@ -11,10 +11,15 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
 from scheduler.validation import ValidSpec
+
+RECORD_VERSION = 2
 
 TERMINAL = {
     common_pb2.SESSION_STATE_COMPLETED,
@@ -26,6 +31,10 @@ STATE_NAMES: dict[int, str] = {
     for v in common_pb2.SessionState.values()
     if v != common_pb2.SESSION_STATE_UNSPECIFIED
 }
+
+
+class CorruptRecord(ValueError):
+    """A stored session record that cannot be read back."""
 
 
 class TokenBucket:
@@ -63,6 +72,8 @@ class SessionRecord:
     worker_id: str = ""
     worker_address: str = ""
     next_block: int = 0
+    # Blocks whose BlockDone event has been published (a re-made block is not announced twice).
+    announced_blocks: int = 0
     in_flight: int | None = None
     current_prompt: str = ""
     pending_prompt: PendingPrompt | None = None
@@ -107,24 +118,82 @@ class SessionRecord:
         )
 
     def to_json(self) -> bytes:
-        """What the store keeps (the in-memory parts -- subscribers, buckets -- are not persisted)."""
+        """What the store keeps: enough to resume the session in another scheduler process (the
+        in-memory parts -- subscribers, event history, rate buckets -- are not persisted)."""
+        pending = self.pending_prompt
         return json.dumps(
             {
+                "version": RECORD_VERSION,
                 "session_id": self.session_id,
                 "owner": self.owner,
                 "state": int(self.state),
                 "blocks_done": self.next_block,
+                "announced_blocks": self.announced_blocks,
                 "worker_id": self.worker_id,
                 "spec": self.spec.SerializeToString().hex(),
+                "urls": self.urls.SerializeToString().hex(),
                 "error": self.error,
                 "created_at": self.created_at,
+                "current_prompt": self.current_prompt,
+                "pending_prompt": None if pending is None else [pending.text, pending.recache],
+                "stop_requested": self.stop_requested,
+                "paused": self.paused_since is not None,
+                "paused_total_s": self.paused_total_s + self._paused_now(),
+                "first_block_unix": None if self.first_block_at is None else _to_wall(self.first_block_at),
             }
         ).encode()
 
+    @classmethod
+    def from_json(cls, data: bytes, revalidate: Callable[[common_pb2.SessionSpec], ValidSpec]) -> SessionRecord:
+        """A stored record back in memory; raises `CorruptRecord` (naming what is wrong) for bad data.
+
+        `revalidate` turns the stored (already validated and filled) spec back into a `ValidSpec`.
+        """
+        try:
+            fields = json.loads(data)
+            if fields.get("version") != RECORD_VERSION:
+                raise CorruptRecord(f"record version {fields.get('version')!r}, expected {RECORD_VERSION}")
+            spec = common_pb2.SessionSpec.FromString(bytes.fromhex(fields["spec"]))
+            urls = common_pb2.PlaybackUrls.FromString(bytes.fromhex(fields["urls"]))
+            record = cls(str(fields["session_id"]), str(fields["owner"]), revalidate(spec), urls)
+            record.created_at = float(fields["created_at"])
+            state = int(fields["state"])
+            if state not in STATE_NAMES:
+                raise CorruptRecord(f"unknown state {state}")
+            record.state = state
+            record.next_block = int(fields["blocks_done"])
+            record.announced_blocks = int(fields["announced_blocks"])
+            record.worker_id = str(fields["worker_id"])
+            record.error = str(fields["error"])
+            record.current_prompt = str(fields["current_prompt"])
+            pending = fields["pending_prompt"]
+            record.pending_prompt = None if pending is None else PendingPrompt(str(pending[0]), bool(pending[1]))
+            record.stop_requested = bool(fields["stop_requested"])
+            record.paused_total_s = float(fields["paused_total_s"])
+            record.paused_since = time.monotonic() if fields["paused"] else None
+            first = fields["first_block_unix"]
+            record.first_block_at = None if first is None else _to_monotonic(float(first))
+        except CorruptRecord:
+            raise
+        except (ValueError, KeyError, TypeError, IndexError, DecodeError) as exc:
+            raise CorruptRecord(f"{type(exc).__name__}: {exc}") from exc
+        return record
+
+    def _paused_now(self) -> float:
+        return time.monotonic() - self.paused_since if self.paused_since is not None else 0.0
+
     # ---- events -------------------------------------------------------------------------------
     def subscribe(self, from_block: int) -> asyncio.Queue[scheduler_pb2.InteractResponse | None]:
+        """A queue of the session's events: blocks from `from_block` on, and the other events kept in
+        its history -- those after block `from_block - 1` when the history has it (a client that
+        re-attaches after its last block gets no event twice), else all of them."""
         queue: asyncio.Queue[scheduler_pb2.InteractResponse | None] = asyncio.Queue()
-        for event in self.events:
+        history = self.events
+        for i, event in enumerate(history):
+            if event.WhichOneof("event") == "block" and event.block.block_index == from_block - 1:
+                history = history[i + 1 :]
+                break
+        for event in history:
             if event.WhichOneof("event") != "block" or event.block.block_index >= from_block:
                 queue.put_nowait(event)
         if self.terminal:
@@ -150,10 +219,14 @@ class SessionRecord:
         self.state = state
         self.publish(scheduler_pb2.InteractResponse(state=scheduler_pb2.StateChange(state=state, reason=reason)))  # type: ignore[arg-type]
         if self.terminal:
-            for queue in self._subscribers:
-                queue.put_nowait(None)
-            self._subscribers.clear()
+            self.close_subscribers()
         self.wake()
+
+    def close_subscribers(self) -> None:
+        """End every attached stream (the session ended, or the scheduler is stopping)."""
+        for queue in self._subscribers:
+            queue.put_nowait(None)
+        self._subscribers.clear()
 
     # ---- dispatch loop coordination -----------------------------------------------------------
     def wake(self) -> None:
@@ -168,5 +241,13 @@ class SessionRecord:
         """Pixel frames a real-time viewer has watched (the clock starts at the first block)."""
         if self.first_block_at is None:
             return 0.0
-        paused = self.paused_total_s + (time.monotonic() - self.paused_since if self.paused_since else 0.0)
+        paused = self.paused_total_s + self._paused_now()
         return max(0.0, (time.monotonic() - self.first_block_at - paused) * fps)
+
+
+def _to_wall(monotonic: float) -> float:
+    return time.time() - (time.monotonic() - monotonic)
+
+
+def _to_monotonic(wall: float) -> float:
+    return time.monotonic() - (time.time() - wall)

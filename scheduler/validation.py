@@ -16,6 +16,7 @@ MAX_PROMPT_BYTES = 2048
 MAX_PROMPT_CHANGES = 64
 MAX_BLOCKS = 100_000
 MAX_LOOKAHEAD = 64
+ALL_OUTPUTS = frozenset({"mp4", "rtmp", "webrtc"})
 
 
 # What an operator does to enable an output that a session asked for.

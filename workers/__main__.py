@@ -121,7 +121,9 @@ def serve(args: argparse.Namespace, model: LoadedModel, driver: PodDriver | None
             tasks.append(asyncio.create_task(service.register_and_heartbeat(address, stop)))
 
         async def drain() -> None:
-            stop.set()
+            stop.set()  # no heartbeat may revive the record after it is deregistered
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await service.deregister()
             await service.drain()
 
         return Registration(registration.service_names, drain=drain, on_start=on_start)

@@ -52,6 +52,7 @@ from workers.pod import worker_pool
 log = logging.getLogger("inferix.worker")
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 INTERNAL_DEADLINE_S = 30.0
+COMMITTED_FETCH_DEADLINE_S = 600.0  # a long session's latents are many messages
 COMMIT_RETRY_S = 60.0
 
 
@@ -72,6 +73,9 @@ class _Session:
     fps: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_block_unix: float = field(default_factory=time.time)
+    # Every block made or restored here (timings only for those made here): a scheduler that
+    # missed some, because it restarted, announces them from these.
+    events: list[common_pb2.BlockEvent] = field(default_factory=list)
 
 
 def latents_to_proto(block: VideoBlock) -> kvcache_pb2.CommittedBlock:
@@ -113,21 +117,27 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             enabled=config.profile_dir is not None, fps=model.fps, label=f"worker {config.worker_id}"
         )
         self._blocks_run = 0  # the profiler numbers blocks across sessions
+        self.draining = False  # set on SIGTERM: new sessions and blocks go to other workers
 
     # ---- RPCs ---------------------------------------------------------------------------------
+    async def _refuse_while_draining(self, context: Any) -> None:
+        if self.draining:  # UNAVAILABLE: the scheduler re-places the session at once
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"worker {self.config.worker_id} is draining")
+
     async def OpenSession(self, request: worker_pb2.OpenSessionRequest, context: Any) -> worker_pb2.OpenSessionResponse:
+        await self._refuse_while_draining(context)
         spec = request.spec
-        if request.session_id in self.sessions:
-            return worker_pb2.OpenSessionResponse(next_block=self.sessions[request.session_id].video.next_block_index)
+        if request.session_id in self.sessions:  # e.g. a restarted scheduler: wait for the block in flight
+            open_session = self.sessions[request.session_id]
+            async with open_session.lock:
+                return self._opened(open_session, request.announced_blocks)
         if not spec.prompts:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec.prompts: at least one prompt is required")
         try:
             session_shape(self.model.preset, spec.resolution.width, spec.resolution.height, spec.num_blocks or None)
             async with self.engine_lock:
                 if request.session_id in self.sessions:  # opened by a concurrent call meanwhile
-                    return worker_pb2.OpenSessionResponse(
-                        next_block=self.sessions[request.session_id].video.next_block_index
-                    )
+                    return self._opened(self.sessions[request.session_id], request.announced_blocks)
                 video = await asyncio.to_thread(
                     self.generator.open,
                     spec.prompts[0].text,
@@ -139,26 +149,56 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 )
         except UserError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        committed = await self.kvcache.GetCommittedBlocks(
-            kvcache_pb2.GetCommittedBlocksRequest(session_id=request.session_id), timeout=INTERNAL_DEADLINE_S
-        )
-        if committed.blocks:
-            blocks = sorted(committed.blocks, key=lambda b: b.block_index)
-            restore = [(b.start_frame, latents_from_proto(b), b.prompt) for b in blocks]
+        committed = await self._committed_blocks(request.session_id)
+        events: list[common_pb2.BlockEvent] = []
+        if committed:
+            restore = [(b.start_frame, latents_from_proto(b), b.prompt) for b in committed]
             async with self.engine_lock:
                 began = time.perf_counter()
-                await asyncio.to_thread(video.restore, restore)
+                frames = await asyncio.to_thread(video.restore, restore)
             log.info(
                 "session %s restored from %d committed blocks in %.2fs",
                 request.session_id,
-                len(blocks),
+                len(committed),
                 time.perf_counter() - began,
             )
-        self.sessions[request.session_id] = _Session(video, self._streamer(request.streamer_address), self.model.fps)
+            first = 0
+            for block, count in zip(committed, frames, strict=True):
+                events.append(self._block_event(block.block_index, first, count, block.prompt))
+                first += count
+        session = _Session(video, self._streamer(request.streamer_address), self.model.fps, events=events)
+        self.sessions[request.session_id] = session
         metrics.SESSIONS.set(len(self.sessions))
-        return worker_pb2.OpenSessionResponse(next_block=video.next_block_index)
+        return self._opened(session, request.announced_blocks)
+
+    def _opened(self, session: _Session, announced_blocks: int) -> worker_pb2.OpenSessionResponse:
+        """The session's next block, and the blocks made here that the scheduler has not announced."""
+        return worker_pb2.OpenSessionResponse(
+            next_block=session.video.next_block_index,
+            blocks=[e for e in session.events if e.block_index >= announced_blocks],
+        )
+
+    def _block_event(self, index: int, first_frame: int, frames: int, prompt: str) -> common_pb2.BlockEvent:
+        return common_pb2.BlockEvent(
+            block_index=index,
+            first_frame=first_frame,
+            num_frames=frames,
+            prompt=prompt,
+            worker_id=self.config.worker_id,
+        )
+
+    async def _committed_blocks(self, session_id: str) -> list[kvcache_pb2.CommittedBlock]:
+        """Every committed block of the session, in order (streamed: a long session is many messages)."""
+        blocks: list[kvcache_pb2.CommittedBlock] = []
+        call = self.kvcache.GetCommittedBlocks(
+            kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id), timeout=COMMITTED_FETCH_DEADLINE_S
+        )
+        async for reply in call:
+            blocks.extend(reply.blocks)
+        return sorted(blocks, key=lambda b: b.block_index)
 
     async def RunBlock(self, request: worker_pb2.RunBlockRequest, context: Any) -> worker_pb2.RunBlockResponse:
+        await self._refuse_while_draining(context)
         session = self.sessions.get(request.session_id)
         if session is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"session {request.session_id!r} is not open on this worker")
@@ -186,23 +226,19 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 await self._publish(session, request.session_id, block)
                 await self._commit(request.session_id, block)
             session.last_block_unix = time.time()
-        metrics.BLOCKS.inc()
-        metrics.BLOCK_SECONDS.observe(block.total_s)
-        return worker_pb2.RunBlockResponse(
-            block=common_pb2.BlockEvent(
-                block_index=block.index,
-                first_frame=block.first_frame,
-                num_frames=block.frames.shape[0],
-                prompt=block.prompt,
-                worker_id=self.config.worker_id,
-                timings=common_pb2.BlockTimings(
+            event = self._block_event(block.index, block.first_frame, block.frames.shape[0], block.prompt)
+            event.timings.CopyFrom(
+                common_pb2.BlockTimings(
                     denoise_ms=block.denoise_s * 1e3,
                     context_ms=block.context_s * 1e3,
                     decode_ms=block.decode_s * 1e3,
                     total_ms=block.total_s * 1e3,
-                ),
+                )
             )
-        )
+            session.events.append(event)
+        metrics.BLOCKS.inc()
+        metrics.BLOCK_SECONDS.observe(block.total_s)
+        return worker_pb2.RunBlockResponse(block=event)
 
     async def PrefetchSession(
         self, request: worker_pb2.PrefetchSessionRequest, context: Any
@@ -368,6 +404,17 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         if self.profiler.enabled:
             self.profiler.add_gauge("kv_pool", lambda: {"used_pages": float(self.pool.usage().used_pages)})
             self.profiler.start()
+
+    async def deregister(self) -> None:
+        """Leave placement before draining, so that no new session is admitted here meanwhile."""
+        self.draining = True
+        try:
+            await self.kvcache.DeregisterWorker(
+                kvcache_pb2.DeregisterWorkerRequest(worker_id=self.config.worker_id), timeout=5
+            )
+            log.info("deregistered from kvcache_svc")
+        except grpc.aio.AioRpcError as exc:  # heartbeats have stopped: it will time out anyway
+            log.warning("deregistration failed (%s); kvcache_svc notices when heartbeats stop", exc.code().name)
 
     async def drain(self) -> None:
         """Wait for the block in flight (it gets published and committed), then stop."""

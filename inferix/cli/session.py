@@ -34,7 +34,9 @@ def register(subparsers: Any) -> None:
     create.add_argument("--height", type=int, default=0)
     create.add_argument("--lookahead", type=int, default=0)
     create.add_argument("--wait", action="store_true", help="queue if no worker has room")
-    create.add_argument("--rtmp", action="store_true", help="also push it to the server's RTMP relay")
+    create.add_argument(
+        "--rtmp", action="store_true", help="also push it to the server's RTMP relay (prints the URL to play)"
+    )
     create.add_argument("--watch", action="store_true", help="then watch it until it ends")
 
     for name, help_text in (
@@ -126,8 +128,13 @@ def run(args: argparse.Namespace) -> int:
                 num_blocks=args.blocks,
                 lookahead=args.lookahead,
                 wait_for_capacity=args.wait,
+                rtmp=args.rtmp,
             )
+            # The id alone on stdout (`id=$(inferix session create ...)`); where to watch on stderr.
             print(info.session_id, flush=True)
+            for label, url in (("viewer", info.viewer_url), ("rtmp", info.rtmp_url), ("mp4", info.mp4_url)):
+                if url:
+                    print(f"{label}: {url}", file=sys.stderr, flush=True)
             return _watch(client.events(info.session_id)) if args.watch else 0
         if action == "watch":
             return _watch(client.events(args.session_id))

@@ -1,6 +1,7 @@
 """Inferix client SDK: `Client` (blocking) and `AsyncClient` (asyncio) for the Scheduler API."""
 
 from inferix.client.aio import AsyncClient, AsyncInteraction
+from inferix.client.reconnect import ReconnectPolicy
 from inferix.client.sync import Client, Interaction
 from inferix.client.types import (
     BlockDone,
@@ -21,6 +22,7 @@ __all__ = [
     "Event",
     "Interaction",
     "PromptChange",
+    "ReconnectPolicy",
     "SessionError",
     "SessionInfo",
     "StateChanged",

@@ -11,6 +11,7 @@ import grpc
 
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address
+from inferix.client.reconnect import EventCursor, ReconnectPolicy
 from inferix.client.types import Event, PromptChange, SessionInfo, event_from_proto, session_spec, state_value
 from inferix.telemetry import client_interceptors
 
@@ -125,11 +126,24 @@ class AsyncClient:
     def interact(self, session_id: str, from_block: int = 0) -> AsyncInteraction:
         return AsyncInteraction(self._stub, session_id, from_block, self._metadata)
 
-    async def events(self, session_id: str, from_block: int = 0) -> AsyncIterator[Event]:
-        """Watch a session: every event from `from_block` until it ends."""
-        async with self.interact(session_id, from_block) as interaction:
-            async for event in interaction.events():
-                yield event
+    async def events(
+        self, session_id: str, from_block: int = 0, reconnect: ReconnectPolicy | None = None
+    ) -> AsyncIterator[Event]:
+        """Watch a session: every event from `from_block` until it ends. If the scheduler restarts,
+        re-attach by itself and continue after the last block seen (see `ReconnectPolicy`)."""
+        cursor = EventCursor(from_block, reconnect or ReconnectPolicy())
+        while True:
+            try:
+                async with self.interact(session_id, cursor.next_block) as interaction:
+                    async for event in interaction.events():
+                        if cursor.admit(event):
+                            yield event
+                return
+            except grpc.RpcError as exc:
+                delay = cursor.retry_after(exc)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
 
     async def download_recording(self, session: SessionInfo, path: str | Path) -> Path:
         """Save the session's MP4 (available once the session has ended)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -11,6 +12,7 @@ import grpc
 
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address
+from inferix.client.reconnect import EventCursor, ReconnectPolicy
 from inferix.client.types import Event, PromptChange, SessionInfo, event_from_proto, session_spec, state_value
 from inferix.telemetry import TraceContextInterceptor
 
@@ -121,9 +123,22 @@ class Client:
     def interact(self, session_id: str, from_block: int = 0) -> Interaction:
         return Interaction(self._stub, session_id, from_block, self._metadata)
 
-    def events(self, session_id: str, from_block: int = 0) -> Iterator[Event]:
-        with self.interact(session_id, from_block) as interaction:
-            yield from interaction.events()
+    def events(self, session_id: str, from_block: int = 0, reconnect: ReconnectPolicy | None = None) -> Iterator[Event]:
+        """Watch a session: every event from `from_block` until it ends. If the scheduler restarts,
+        re-attach by itself and continue after the last block seen (see `ReconnectPolicy`)."""
+        cursor = EventCursor(from_block, reconnect or ReconnectPolicy())
+        while True:
+            try:
+                with self.interact(session_id, cursor.next_block) as interaction:
+                    for event in interaction.events():
+                        if cursor.admit(event):
+                            yield event
+                return
+            except grpc.RpcError as exc:
+                delay = cursor.retry_after(exc)
+                if delay is None:
+                    raise
+                time.sleep(delay)
 
     def download_recording(self, session: SessionInfo, path: str | Path) -> Path:
         address, session_id = recording_address(session.mp4_url)

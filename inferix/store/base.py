@@ -44,6 +44,9 @@ class StoreConflictError(StoreError):
 class Store(Protocol):
     """Async key-value store with TTLs, atomic updates, prefix listing and append-only lists."""
 
+    # Whether what is written outlives this process (sessions can then survive a restart).
+    persistent: bool
+
     async def ping(self) -> None:
         """Check that the backend answers; raises `StoreUnavailableError` otherwise."""
         ...

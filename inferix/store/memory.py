@@ -25,6 +25,8 @@ class _Entry:
 class MemoryStore:
     """In-process `Store`; see the module docstring for its concurrency guarantees."""
 
+    persistent = False
+
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()

@@ -88,6 +88,8 @@ def _translated(store: RedisStore) -> Iterator[None]:
 class RedisStore:
     """`Store` on Redis via redis.asyncio; one instance per event loop."""
 
+    persistent = True
+
     def __init__(self, client: aioredis.Redis, namespace: str = NAMESPACE) -> None:
         if not namespace:
             raise ValueError("the Redis key namespace must not be empty (e.g. 'inferix:v1:')")

@@ -45,7 +45,7 @@ def _commit(kvcache: KVCache, session_id: str, block: kvcache_pb2.CommittedBlock
 
 def _blocks(kvcache: KVCache, session_id: str) -> list[kvcache_pb2.CommittedBlock]:
     request = kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id)
-    return list(kvcache.stub.GetCommittedBlocks(request, timeout=10).blocks)
+    return [block for reply in kvcache.stub.GetCommittedBlocks(request, timeout=10) for block in reply.blocks]
 
 
 def _metrics(kvcache: KVCache) -> dict[str, float]:

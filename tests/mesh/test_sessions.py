@@ -197,10 +197,11 @@ def test_internal_services_refuse_calls_without_the_mesh_token(client: Client, m
     with grpc.insecure_channel(mesh.kvcache.address) as channel:
         stub = kvcache_pb2_grpc.KVCacheServiceStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
-            stub.GetCommittedBlocks(request, timeout=10)
+            list(stub.GetCommittedBlocks(request, timeout=10))
         assert caught.value.code() == grpc.StatusCode.PERMISSION_DENIED
         token = ((INTERNAL_TOKEN_HEADER, mesh.config.env[INTERNAL_TOKEN_ENV]),)
-        assert len(stub.GetCommittedBlocks(request, timeout=10, metadata=token).blocks) == 1
+        replies = list(stub.GetCommittedBlocks(request, timeout=10, metadata=token))
+        assert sum(len(reply.blocks) for reply in replies) == 1
     with grpc.insecure_channel(mesh.workers[0].address) as channel:
         with pytest.raises(grpc.RpcError) as caught:
             worker_pb2_grpc.WorkerServiceStub(channel).GetStatus(worker_pb2.GetStatusRequest(), timeout=10)

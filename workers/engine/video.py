@@ -169,12 +169,12 @@ class VideoSession:
             yield self.next_block()
 
     @torch.no_grad()
-    def restore(self, committed: Sequence[tuple[int, Tensor, str]]) -> None:
+    def restore(self, committed: Sequence[tuple[int, Tensor, str]]) -> list[int]:
         """Continue a session from its committed blocks `(start_frame, latents, prompt)`, in order.
 
         The KV cache is rebuilt by context passes and the VAE decoder state by decoding the
         committed latents again (output dropped), so the next block's frames are exactly those
-        of the uninterrupted run.
+        of the uninterrupted run. Returns the pixel frames of each committed block.
         """
         embeds: dict[str, Tensor] = {}
         blocks = []
@@ -184,11 +184,11 @@ class VideoSession:
             blocks.append(CommittedBlock(start, latents, embeds[text]))
         self.session.replay(blocks, next_block=len(blocks))
         self.decode_state = self.decoder.new_decode_state()
-        self.next_frame = 0
-        for _, latents, _ in committed:
-            self.next_frame += self.decoder.decode_block(latents, self.decode_state).shape[1]
+        frames = [self.decoder.decode_block(latents, self.decode_state).shape[1] for _, latents, _ in committed]
+        self.next_frame = sum(frames)
         if committed:
             self.prompt_text = committed[-1][2]
+        return frames
 
     def close(self) -> None:
         self.session.close()

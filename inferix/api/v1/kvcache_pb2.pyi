@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "kv", "reserved_pages", "last_seen_unix", "alive")
+    __slots__ = ("worker_id", "address", "model", "kv", "reserved_pages", "last_seen_unix", "alive", "suspect", "departed")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,8 @@ class WorkerInfo(_message.Message):
     RESERVED_PAGES_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_UNIX_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
+    SUSPECT_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -23,7 +25,9 @@ class WorkerInfo(_message.Message):
     reserved_pages: int
     last_seen_unix: float
     alive: bool
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., reserved_pages: _Optional[int] = ..., last_seen_unix: _Optional[float] = ..., alive: _Optional[bool] = ...) -> None: ...
+    suspect: bool
+    departed: bool
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., reserved_pages: _Optional[int] = ..., last_seen_unix: _Optional[float] = ..., alive: _Optional[bool] = ..., suspect: _Optional[bool] = ..., departed: _Optional[bool] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "model", "kv")
@@ -42,6 +46,28 @@ class RegisterWorkerResponse(_message.Message):
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_s: float
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class DeregisterWorkerRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class DeregisterWorkerResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReportWorkerFailureRequest(_message.Message):
+    __slots__ = ("worker_id", "reason")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    reason: str
+    def __init__(self, worker_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReportWorkerFailureResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class SessionKVReport(_message.Message):
     __slots__ = ("session_id", "device_pages", "host_pages", "last_block_unix")
@@ -152,10 +178,12 @@ class CommitBlockResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class GetCommittedBlocksRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "from_block")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_BLOCK_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    from_block: int
+    def __init__(self, session_id: _Optional[str] = ..., from_block: _Optional[int] = ...) -> None: ...
 
 class GetCommittedBlocksResponse(_message.Message):
     __slots__ = ("blocks",)

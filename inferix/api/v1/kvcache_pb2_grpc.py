@@ -40,6 +40,16 @@ class KVCacheServiceStub:
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.RegisterWorkerRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_kvcache__pb2.RegisterWorkerResponse.FromString,
                 _registered_method=True)
+        self.DeregisterWorker = channel.unary_unary(
+                '/inferix.v1.KVCacheService/DeregisterWorker',
+                request_serializer=inferix_dot_v1_dot_kvcache__pb2.DeregisterWorkerRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_kvcache__pb2.DeregisterWorkerResponse.FromString,
+                _registered_method=True)
+        self.ReportWorkerFailure = channel.unary_unary(
+                '/inferix.v1.KVCacheService/ReportWorkerFailure',
+                request_serializer=inferix_dot_v1_dot_kvcache__pb2.ReportWorkerFailureRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_kvcache__pb2.ReportWorkerFailureResponse.FromString,
+                _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/inferix.v1.KVCacheService/Heartbeat',
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.HeartbeatRequest.SerializeToString,
@@ -70,7 +80,7 @@ class KVCacheServiceStub:
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlockRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlockResponse.FromString,
                 _registered_method=True)
-        self.GetCommittedBlocks = channel.unary_unary(
+        self.GetCommittedBlocks = channel.unary_stream(
                 '/inferix.v1.KVCacheService/GetCommittedBlocks',
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksResponse.FromString,
@@ -83,6 +93,20 @@ class KVCacheServiceServicer:
 
     def RegisterWorker(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeregisterWorker(self, request, context):
+        """A draining worker leaves placement at once (it registers again when it restarts).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportWorkerFailure(self, request, context):
+        """The scheduler could not reach a worker: no admission on it until it heartbeats again.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -127,7 +151,8 @@ class KVCacheServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetCommittedBlocks(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A session's committed blocks in order, a few per message (no cap on a session's length).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -139,6 +164,16 @@ def add_KVCacheServiceServicer_to_server(servicer, server):
                     servicer.RegisterWorker,
                     request_deserializer=inferix_dot_v1_dot_kvcache__pb2.RegisterWorkerRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_kvcache__pb2.RegisterWorkerResponse.SerializeToString,
+            ),
+            'DeregisterWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterWorker,
+                    request_deserializer=inferix_dot_v1_dot_kvcache__pb2.DeregisterWorkerRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_kvcache__pb2.DeregisterWorkerResponse.SerializeToString,
+            ),
+            'ReportWorkerFailure': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportWorkerFailure,
+                    request_deserializer=inferix_dot_v1_dot_kvcache__pb2.ReportWorkerFailureRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_kvcache__pb2.ReportWorkerFailureResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -170,7 +205,7 @@ def add_KVCacheServiceServicer_to_server(servicer, server):
                     request_deserializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlockRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlockResponse.SerializeToString,
             ),
-            'GetCommittedBlocks': grpc.unary_unary_rpc_method_handler(
+            'GetCommittedBlocks': grpc.unary_stream_rpc_method_handler(
                     servicer.GetCommittedBlocks,
                     request_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksResponse.SerializeToString,
@@ -204,6 +239,60 @@ class KVCacheService:
             '/inferix.v1.KVCacheService/RegisterWorker',
             inferix_dot_v1_dot_kvcache__pb2.RegisterWorkerRequest.SerializeToString,
             inferix_dot_v1_dot_kvcache__pb2.RegisterWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeregisterWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferix.v1.KVCacheService/DeregisterWorker',
+            inferix_dot_v1_dot_kvcache__pb2.DeregisterWorkerRequest.SerializeToString,
+            inferix_dot_v1_dot_kvcache__pb2.DeregisterWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportWorkerFailure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferix.v1.KVCacheService/ReportWorkerFailure',
+            inferix_dot_v1_dot_kvcache__pb2.ReportWorkerFailureRequest.SerializeToString,
+            inferix_dot_v1_dot_kvcache__pb2.ReportWorkerFailureResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -387,7 +476,7 @@ class KVCacheService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/inferix.v1.KVCacheService/GetCommittedBlocks',

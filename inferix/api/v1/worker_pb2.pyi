@@ -8,20 +8,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("session_id", "spec", "streamer_address")
+    __slots__ = ("session_id", "spec", "streamer_address", "announced_blocks")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STREAMER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ANNOUNCED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     spec: _common_pb2.SessionSpec
     streamer_address: str
-    def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.SessionSpec, _Mapping]] = ..., streamer_address: _Optional[str] = ...) -> None: ...
+    announced_blocks: int
+    def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.SessionSpec, _Mapping]] = ..., streamer_address: _Optional[str] = ..., announced_blocks: _Optional[int] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("next_block",)
+    __slots__ = ("next_block", "blocks")
     NEXT_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
     next_block: int
-    def __init__(self, next_block: _Optional[int] = ...) -> None: ...
+    blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.BlockEvent]
+    def __init__(self, next_block: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.BlockEvent, _Mapping]]] = ...) -> None: ...
 
 class RunBlockRequest(_message.Message):
     __slots__ = ("session_id", "block_index", "prompt", "recache", "action")
