@@ -43,7 +43,7 @@ class PlacementRequest:
 
 
 def eligible(worker: WorkerLoad, request: PlacementRequest) -> bool:
-    """Alive, serving the model, not excluded (free pages aside)."""
+    """Available (heartbeating, not draining, not suspect), serving the model, not excluded."""
     return worker.alive and worker.model == request.model and worker.worker_id not in request.exclude
 
 
@@ -70,7 +70,7 @@ def _no_room(serving: list[WorkerLoad], request: PlacementRequest) -> str:
         if worker.worker_id in request.exclude:
             return "excluded"
         if not worker.alive:
-            return "dead"
+            return "unavailable"
         return f"{worker.free_pages} free of {worker.total_pages}"
 
     candidates = [w for w in serving if eligible(w, request)]

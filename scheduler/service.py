@@ -452,16 +452,19 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
                     session_id=record.session_id,
                     spec=record.spec,
                     streamer_address=self.config.streamer_address,
-                    announced_blocks=record.announced_blocks,
+                    # A resumed record has no event history yet: ask for every block the worker knows.
+                    announced_blocks=0 if record.history_missing else record.announced_blocks,
                 ),
                 timeout=self.config.block_deadline_s,
             ),
         )
         record.next_block = reply.next_block
-        for event in sorted(reply.blocks, key=lambda e: e.block_index):
+        events = sorted(reply.blocks, key=lambda e: e.block_index)
+        if record.history_missing:
+            record.restore_history([e for e in events if e.block_index < record.announced_blocks])
+        for event in events:
             self._announce(record, event)
-        if reply.blocks:
-            await self._persist(record)
+        await self._persist(record)
 
     def _announce(self, record: SessionRecord, event: common_pb2.BlockEvent) -> None:
         """Publish a block's event once, in order (a block re-made after a failure is not announced again)."""
@@ -676,48 +679,51 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
                 )
                 self._start(record)
                 resumed += 1
+        orphans = await self._find_orphans()
         self._update_gauges()
         self.loaded.set()
         if resumed:
             log.info("resumed %d unfinished session(s) from the store", resumed)
-        await self._close_orphans()
+        for address, session_id in orphans:
+            await self._close_orphan(address, session_id)
 
-    async def _close_orphans(self) -> None:
-        """Sessions open on workers that this scheduler has no record of: finish their outputs,
-        free their room, and answer for them as failed."""
+    async def _find_orphans(self) -> list[tuple[str, str]]:
+        """(worker address, session id) of sessions that workers run but no record describes (their
+        scheduler died with an in-memory store); they are answered for as failed from now on."""
+        probe_s = self.config.probe_timeout_s
         try:
-            reply = await self.kvcache.ListWorkers(
-                kvcache_pb2.ListWorkersRequest(), timeout=self.config.internal_deadline_s
-            )
+            reply = await self.kvcache.ListWorkers(kvcache_pb2.ListWorkersRequest(), timeout=probe_s)
         except grpc.aio.AioRpcError as exc:
             log.warning("cannot look for orphaned sessions: kvcache_svc %s", exc.code().name)
-            return
+            return []
+        orphans = []
         for worker in reply.workers:
             if not worker.alive:
                 continue
             try:
-                status = await self._worker(worker.address).GetStatus(
-                    worker_pb2.GetStatusRequest(), timeout=self.config.internal_deadline_s
-                )
+                status = await self._worker(worker.address).GetStatus(worker_pb2.GetStatusRequest(), timeout=probe_s)
             except grpc.aio.AioRpcError:
                 continue
             for session_id in status.session_ids:
-                if session_id in self.sessions:
-                    continue
-                self.lost[session_id] = NO_PERSISTENT_STORE
-                log.warning("session %s on %s has no record: %s; closing it", session_id, worker.worker_id,
-                            NO_PERSISTENT_STORE)  # fmt: skip
-                try:
-                    await self._worker(worker.address).CloseSession(
-                        worker_pb2.CloseSessionRequest(session_id=session_id, finish_stream=True),
-                        timeout=self.config.internal_deadline_s,
-                    )
-                except grpc.aio.AioRpcError as exc:
-                    log.warning("closing orphaned session %s failed: %s", session_id, exc.code().name)
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    await self.kvcache.Release(
-                        kvcache_pb2.ReleaseRequest(session_id=session_id), timeout=self.config.internal_deadline_s
-                    )
+                if session_id not in self.sessions:
+                    self.lost[session_id] = NO_PERSISTENT_STORE
+                    orphans.append((worker.address, session_id))
+        return orphans
+
+    async def _close_orphan(self, address: str, session_id: str) -> None:
+        """Finish an orphaned session's outputs (its MP4 is written) and free its room."""
+        log.warning("session %s has no record (%s); closing it", session_id, NO_PERSISTENT_STORE)
+        try:
+            await self._worker(address).CloseSession(
+                worker_pb2.CloseSessionRequest(session_id=session_id, finish_stream=True),
+                timeout=self.config.internal_deadline_s,
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning("closing orphaned session %s failed: %s", session_id, exc.code().name)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.kvcache.Release(
+                kvcache_pb2.ReleaseRequest(session_id=session_id), timeout=self.config.internal_deadline_s
+            )
 
     async def drain(self) -> None:
         """On SIGTERM: every session stops at its next block boundary. With a persistent store it is

@@ -74,6 +74,8 @@ class SessionRecord:
     next_block: int = 0
     # Blocks whose BlockDone event has been published (a re-made block is not announced twice).
     announced_blocks: int = 0
+    # Loaded from the store: the events of blocks before `announced_blocks` are still to be fetched.
+    history_missing: bool = False
     in_flight: int | None = None
     current_prompt: str = ""
     pending_prompt: PendingPrompt | None = None
@@ -173,6 +175,7 @@ class SessionRecord:
             record.paused_since = time.monotonic() if fields["paused"] else None
             first = fields["first_block_unix"]
             record.first_block_at = None if first is None else _to_monotonic(float(first))
+            record.history_missing = record.announced_blocks > 0
         except CorruptRecord:
             raise
         except (ValueError, KeyError, TypeError, IndexError, DecodeError) as exc:
@@ -201,6 +204,12 @@ class SessionRecord:
         else:
             self._subscribers.append(queue)
         return queue
+
+    def restore_history(self, blocks: list[common_pb2.BlockEvent]) -> None:
+        """Put the events of blocks announced by a previous scheduler back at the start of the history
+        (for clients that attach later); nobody attached now is sent them again."""
+        self.events[:0] = [scheduler_pb2.InteractResponse(session_id=self.session_id, block=b) for b in blocks]
+        self.history_missing = False
 
     def unsubscribe(self, queue: asyncio.Queue[scheduler_pb2.InteractResponse | None]) -> None:
         if queue in self._subscribers:

@@ -66,6 +66,10 @@ class WorkerConfig:
     profile_dir: Path | None = None
 
 
+class BlockOutOfOrder(Exception):
+    """A RunBlock for another block than the session's next one."""
+
+
 @dataclass
 class _Session:
     video: VideoSession
@@ -118,6 +122,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         )
         self._blocks_run = 0  # the profiler numbers blocks across sessions
         self.draining = False  # set on SIGTERM: new sessions and blocks go to other workers
+        self._block_tasks: set[asyncio.Future[common_pb2.BlockEvent]] = set()  # blocks in flight
 
     # ---- RPCs ---------------------------------------------------------------------------------
     async def _refuse_while_draining(self, context: Any) -> None:
@@ -203,26 +208,36 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         if session is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"session {request.session_id!r} is not open on this worker")
         assert session is not None
+        # Shielded: a block whose caller went away (its scheduler died) is still published, committed
+        # and recorded, so that nothing the engine made is lost and the next scheduler learns of it.
+        work = asyncio.ensure_future(self._run_block(session, request))
+        self._block_tasks.add(work)
+        work.add_done_callback(self._block_tasks.discard)
+        try:
+            event = await asyncio.shield(work)
+        except BlockOutOfOrder as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except KVCapacityError as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        return worker_pb2.RunBlockResponse(block=event)
+
+    async def _run_block(self, session: _Session, request: worker_pb2.RunBlockRequest) -> common_pb2.BlockEvent:
         async with session.lock:
             video = session.video
             if request.block_index != video.next_block_index:
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"block_index {request.block_index}: the session's next block is {video.next_block_index}",
+                raise BlockOutOfOrder(
+                    f"block_index {request.block_index}: the session's next block is {video.next_block_index}"
                 )
             with tracer("inferix.worker").start_as_current_span(
                 "worker.block", attributes={"session.id": request.session_id, "block.index": request.block_index}
             ):
-                try:
-                    async with self.engine_lock:
-                        if request.prompt and request.prompt != video.prompt_text:
-                            await asyncio.to_thread(video.set_prompt, request.prompt, request.recache)
-                        self._blocks_run += 1
-                        with self.profiler.block(self._blocks_run - 1, session=request.session_id) as scope:
-                            block = await asyncio.to_thread(video.next_block)
-                            scope.pixel_frames = block.frames.shape[0]
-                except KVCapacityError as exc:
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+                async with self.engine_lock:
+                    if request.prompt and request.prompt != video.prompt_text:
+                        await asyncio.to_thread(video.set_prompt, request.prompt, request.recache)
+                    self._blocks_run += 1
+                    with self.profiler.block(self._blocks_run - 1, session=request.session_id) as scope:
+                        block = await asyncio.to_thread(video.next_block)
+                        scope.pixel_frames = block.frames.shape[0]
                 await self._publish(session, request.session_id, block)
                 await self._commit(request.session_id, block)
             session.last_block_unix = time.time()
@@ -238,7 +253,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             session.events.append(event)
         metrics.BLOCKS.inc()
         metrics.BLOCK_SECONDS.observe(block.total_s)
-        return worker_pb2.RunBlockResponse(block=event)
+        return event
 
     async def PrefetchSession(
         self, request: worker_pb2.PrefetchSessionRequest, context: Any
@@ -417,7 +432,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             log.warning("deregistration failed (%s); kvcache_svc notices when heartbeats stop", exc.code().name)
 
     async def drain(self) -> None:
-        """Wait for the block in flight (it gets published and committed), then stop."""
+        """Wait for the blocks in flight (they get published and committed), then stop."""
+        await asyncio.gather(*self._block_tasks, return_exceptions=True)
         async with self.engine_lock:
             if self.profiler.enabled and self.config.profile_dir is not None:
                 self.profiler.stop()

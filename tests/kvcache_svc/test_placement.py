@@ -44,7 +44,7 @@ def test_dead_excluded_and_other_model_workers_are_never_chosen() -> None:
     with pytest.raises(NoCapacityError) as info:
         choose_worker(workers, request(5, exclude=("excluded",)))
     message = str(info.value)
-    for fragment in ("needs 5 pages", "is 4", "dead: dead", "excluded: excluded", "small: 4 free of 4"):
+    for fragment in ("needs 5 pages", "is 4", "dead: unavailable", "excluded: excluded", "small: 4 free of 4"):
         assert fragment in message
     assert "other" not in message  # workers of other models are irrelevant to this request
 

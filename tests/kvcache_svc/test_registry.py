@@ -71,7 +71,7 @@ def test_liveness_follows_the_heartbeat_timeout(store_url: str) -> None:
         alive = {r.worker_id: registry.alive(r) for r in await registry.workers()}
         assert alive == {"w1": True, "w2": False}
         assert (await registry.admit("s1", "m", 7)).worker_id == "w1"
-        with pytest.raises(NoCapacityError, match="w2: dead"):
+        with pytest.raises(NoCapacityError, match="w2: unavailable"):
             await registry.admit("s2", "m", 2)
 
     run(store_url, body)
@@ -94,5 +94,46 @@ def test_conflicting_commits_of_one_block_have_one_winner(store_url: str) -> Non
         stored = await stores[0].get("s1")
         assert stored == [candidates[results.index(True)]]
         assert len(await a.list_prefix("kvcache/blocks/s1/")) == 2  # the index and the winner only
+
+    run(store_url, body)
+
+
+def test_a_departed_worker_is_never_chosen_until_it_registers_again(store_url: str) -> None:
+    async def body(a: Store, b: Store) -> None:
+        clock = Clock()
+        registry = Registry(a, 10.0, clock)
+        await registry.register("w1", "h:1", "m", KVReport(total_pages=20))
+        await registry.register("w2", "h:2", "m", KVReport(total_pages=10))
+        assert (await registry.admit("s1", "m", 3)).worker_id == "w1"  # the most free pages
+        departed = await Registry(b, 10.0, clock).deregister("w1")  # another replica sees it too
+        assert departed.departed and not registry.alive(departed)
+        assert (await registry.admit("s2", "m", 3)).worker_id == "w2"
+        await registry.heartbeat("w1", 1, KVReport(total_pages=20), [])  # a late report does not revive it
+        assert (await registry.admit("s3", "m", 3)).worker_id == "w2"
+        back = await registry.register("w1", "h:9", "m", KVReport(total_pages=20))  # restarted
+        assert registry.alive(back) and back.reservations == {"s1": 3}
+        assert (await registry.admit("s4", "m", 3)).worker_id == "w1"
+
+    run(store_url, body)
+
+
+def test_a_worker_reported_unreachable_takes_no_session_until_its_next_heartbeat(store_url: str) -> None:
+    async def body(a: Store, b: Store) -> None:
+        clock = Clock()
+        registry = Registry(a, 10.0, clock)
+        await registry.register("w1", "h:1", "m", KVReport(total_pages=20))
+        await registry.register("w2", "h:2", "m", KVReport(total_pages=10))
+        clock.now += 1
+        suspect = await registry.report_failure("w1")
+        assert suspect.suspect and not registry.alive(suspect)
+        assert (await registry.admit("s1", "m", 3)).worker_id == "w2"
+        await registry.release("s1")
+        await registry.report_failure("w2")
+        with pytest.raises(NoCapacityError, match="w1: unavailable; w2: unavailable"):
+            await registry.admit("s2", "m", 3)
+        clock.now += 1
+        fresh = await registry.heartbeat("w1", 1, KVReport(total_pages=20), [])
+        assert not fresh.suspect and registry.alive(fresh)
+        assert (await registry.admit("s2", "m", 3)).worker_id == "w1"
 
     run(store_url, body)

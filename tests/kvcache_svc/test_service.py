@@ -171,7 +171,7 @@ def test_silent_worker_is_dead_and_never_chosen(start_kvcache: StartKVCache) -> 
     workers = kvcache.workers()
     assert workers["w1"].alive and not workers["w2"].alive
     assert kvcache.admit("s1", pages=4, model="tiny") == "w1"
-    expect_status(CODE.RESOURCE_EXHAUSTED, lambda: kvcache.admit("s2", pages=8), "w2: dead", "w1: 4 free of 8")
+    expect_status(CODE.RESOURCE_EXHAUSTED, lambda: kvcache.admit("s2", pages=8), "w2: unavailable", "w1: 4 free of 8")
     gauges = ("workers_alive", "workers_registered", "pages_total", "pages_used", "pages_reserved")
     expected = dict(zip(gauges, (1, 2, 8, 2, 4), strict=True))
     _wait_for(lambda: {g: _metrics(kvcache).get(f"inferix_kvcache_{g}") for g in gauges} == expected)
@@ -214,6 +214,49 @@ def test_commit_and_get_blocks_round_trip(start_kvcache: StartKVCache, store_arg
     )
     expect_status(CODE.INVALID_ARGUMENT, lambda: _commit(kvcache, "", _block(0)), "session_id is required")
     assert len(_blocks(kvcache, "s1")) == 3
+
+
+def test_committed_blocks_of_a_long_session_stream_past_the_message_cap(
+    start_kvcache: StartKVCache, redis_server: RedisServer
+) -> None:
+    """More committed latents than one gRPC message may carry (64 MiB) come back whole, in order,
+    in bounded messages; `from_block` skips what a caller already has."""
+    redis_server.flush(db=6)
+    kvcache = start_kvcache("--redis-url", redis_server.url(db=6))
+    blocks = [_block(i, frames=3, channels=16, height=128, width=128) for i in range(23)]  # 3 MiB each
+    for block in blocks:
+        _commit(kvcache, "long", block)
+    total = sum(len(b.latents) for b in blocks)
+    assert total > 64 * 2**20
+    request = kvcache_pb2.GetCommittedBlocksRequest(session_id="long")
+    replies = list(kvcache.stub.GetCommittedBlocks(request, timeout=60))
+    assert len(replies) > 1 and max(r.ByteSize() for r in replies) <= 8 * 2**20
+    assert [b for r in replies for b in r.blocks] == blocks
+    later = kvcache_pb2.GetCommittedBlocksRequest(session_id="long", from_block=20)
+    assert [b.block_index for r in kvcache.stub.GetCommittedBlocks(later, timeout=60) for b in r.blocks] == [20, 21, 22]
+
+
+def test_deregistered_and_reported_workers_leave_placement(start_kvcache: StartKVCache) -> None:
+    kvcache = start_kvcache(*MEMORY)
+    kvcache.register("w1", total_pages=64)
+    kvcache.register("w2", total_pages=8)
+    kvcache.stub.DeregisterWorker(kvcache_pb2.DeregisterWorkerRequest(worker_id="w1"), timeout=10)
+    workers = kvcache.workers()
+    assert workers["w1"].departed and not workers["w1"].alive and workers["w2"].alive
+    assert kvcache.admit("s1", pages=4) == "w2"
+    kvcache.stub.ReportWorkerFailure(kvcache_pb2.ReportWorkerFailureRequest(worker_id="w2", reason="test"), timeout=10)
+    assert kvcache.workers()["w2"].suspect
+    expect_status(CODE.RESOURCE_EXHAUSTED, lambda: kvcache.admit("s2", pages=1), "w1: unavailable", "w2: unavailable")
+    time.sleep(0.01)
+    kvcache.heartbeat("w2", 1)  # a fresh report clears the suspicion
+    assert kvcache.admit("s2", pages=1) == "w2"
+    kvcache.register("w1", total_pages=64)  # back after a restart
+    assert kvcache.admit("s3", pages=4) == "w1"
+    expect_status(
+        CODE.NOT_FOUND,
+        lambda: kvcache.stub.DeregisterWorker(kvcache_pb2.DeregisterWorkerRequest(worker_id="nobody"), timeout=10),
+        "not registered",
+    )
 
 
 def test_bad_input_gets_clear_statuses(start_kvcache: StartKVCache) -> None:
