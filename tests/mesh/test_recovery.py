@@ -1,10 +1,13 @@
-"""Workers stopped or killed mid-session: the session finishes elsewhere, nothing lost or duplicated.
+"""Workers stopped, killed or frozen mid-session: the session finishes elsewhere, nothing lost or duplicated.
 
 This mesh keeps its state in a real redis-server started by the suite (`--redis-url`).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -57,3 +60,32 @@ def test_session_survives_its_worker(redis_mesh: Mesh, how: str) -> None:
     assert streamed.frames_sha256 == generate_digest(schedule, 6, 11)
     redis_mesh.workers.remove(worker_named(redis_mesh, stopped))
     redis_mesh.add_worker(f"{stopped}-replacement")
+
+
+def test_a_worker_that_stops_answering_loses_its_session_to_another(redis_mesh: Mesh) -> None:
+    """SIGSTOP: the worker's socket still accepts, nothing answers. Health probes notice it within
+    seconds (not the block deadline), and the session finishes elsewhere, nothing lost or repeated."""
+    schedule = (PromptChange(0, "a blue square"),)
+    with Client(redis_mesh.address, api_key=KEY_A, timeout=120) as client:
+        info = client.create_session(list(schedule), num_blocks=6, seed=12)
+        events: list[object] = []
+        frozen: ServiceProcess | None = None
+        started = time.monotonic()
+        for event in client.events(info.session_id):
+            events.append(event)
+            if isinstance(event, BlockDone) and event.block_index == 1 and frozen is None:
+                frozen = worker_named(redis_mesh, event.worker_id)
+                os.kill(frozen.pid, signal.SIGSTOP)
+        elapsed = time.monotonic() - started
+        final = client.get_session(info.session_id)
+    assert frozen is not None
+    os.kill(frozen.pid, signal.SIGCONT)
+    frozen.kill()
+    blocks = [e for e in events if isinstance(e, BlockDone)]
+    assert [b.block_index for b in blocks] == [0, 1, 2, 3, 4, 5]
+    assert frozen.name not in {b.worker_id for b in blocks[3:]}
+    assert final.state == "completed" and elapsed < 60
+    streamed = stream_info(redis_mesh, info.session_id)
+    assert streamed.frames == 6 * 3 and streamed.frames_sha256 == generate_digest(schedule, 6, 12)
+    redis_mesh.workers.remove(frozen)
+    redis_mesh.add_worker(f"{frozen.name}-replacement")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -259,3 +260,28 @@ def test_outputs_the_server_does_not_have_are_invalid() -> None:
     with pytest.raises(InvalidRequest, match=r"spec\.outputs\.rtmp: not enabled on this server .*--rtmp-play-url"):
         validate_spec(spec, presets, 2, frozenset({"mp4", "webrtc"}))
     assert validate_spec(spec, presets, 2, frozenset({"mp4", "rtmp"})).spec.outputs.rtmp
+
+
+def test_the_cli_creates_an_rtmp_session_that_plays(mesh: Mesh) -> None:
+    """`inferix session create --rtmp` (the CLI itself): the id on stdout, the URLs on stderr, and the
+    RTMP URL plays; `session get` shows it too."""
+    assert mesh.rtmp_server is not None, f"the mesh has no RTMP server: {mesh.rtmp_note}"
+    cli = [sys.executable, "-m", "inferix", "session", "--server", mesh.address, "--api-key", KEY_A]
+    create = subprocess.run(
+        [*cli, "create", "--prompt", "a red ball", "--blocks", "96", "--rtmp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    session_id = create.stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{32}", session_id), create.stdout
+    rtmp_url = f"{mesh.rtmp_url}/{session_id}"
+    assert f"rtmp: {rtmp_url}\n" in create.stderr and f"/watch/{session_id}#token=" in create.stderr
+    try:
+        got = subprocess.run([*cli, "get", session_id], capture_output=True, text=True, timeout=60, check=True)
+        assert f"rtmp: {rtmp_url}" in got.stdout
+        played = pull_rtmp(rtmp_url, 1.5)
+        assert played.stream["codec_name"] == "h264" and played.frames >= 4, played
+    finally:
+        subprocess.run([*cli, "cancel", session_id], capture_output=True, timeout=60, check=False)
