@@ -85,10 +85,19 @@ def test_kubernetes_validate_rejects_what_kubernetes_rejects(render: Render) -> 
         ("worker:\n  gpu:\n    enabled: true\n    resourceName: nvidia.com/gpu\n    count: 2\n", "count"),
         ("worker:\n  sequenceParallel: 0\n", "/worker/sequenceParallel"),
         ("scheduler:\n  replicas: two\n", "/scheduler/replicas"),
+        ("scheduler:\n  replicas: 2\n", "/scheduler/replicas"),
         ("streamer:\n  encoder: h265\n", "/streamer/encoder"),
         ("gpus: 8\n", "gpus"),
     ],
-    ids=["negative-replicas", "unknown-gpu-key", "zero-ranks", "wrong-type", "bad-enum", "unknown-top-level-key"],
+    ids=[
+        "negative-replicas",
+        "unknown-gpu-key",
+        "zero-ranks",
+        "wrong-type",
+        "two-schedulers",
+        "bad-enum",
+        "unknown-top-level-key",
+    ],
 )
 def test_broken_values_fail_schema_validation(tmp_path: Path, values: str, message: str) -> None:
     broken = tmp_path / "broken.yaml"
@@ -460,3 +469,13 @@ def test_disruption_budgets_and_redis_persistence(render: Render) -> None:
     assert (
         "--appendonly" in container["args"] and container["args"][container["args"].index("--appendonly") + 1] == "yes"
     )
+
+
+def test_a_rolling_update_never_runs_two_schedulers(render: Render) -> None:
+    """The old scheduler hands its sessions over on SIGTERM and the new one resumes them from Redis:
+    they must not overlap (both would drive the same sessions)."""
+    scheduler = find(render(ALL_FEATURES), "Deployment", "-scheduler")
+    assert scheduler["spec"]["strategy"] == {"type": "Recreate"}
+    assert scheduler["spec"]["replicas"] == 1
+    (container,) = containers(scheduler)
+    assert any(e["name"] == "INFERIX_REDIS_URL" for e in container["env"])  # sessions outlive the pod
