@@ -18,10 +18,13 @@ def tiny_dit(seed: int = 0, config: WanDiTConfig = TINY_DIT) -> CausalWanDiT:
 
 
 def tiny_pipeline(
-    block: BlockConfig | None = None, seed: int = 0, steps: tuple[float, ...] = (1000, 750, 500)
+    block: BlockConfig | None = None,
+    seed: int = 0,
+    steps: tuple[float, ...] = (1000, 750, 500),
+    dit_config: WanDiTConfig = TINY_DIT,
 ) -> BlockDiffusionPipeline:
     config = PipelineConfig(block=block or BlockConfig(), sampling=SamplingConfig(denoising_steps=steps))
-    return BlockDiffusionPipeline(tiny_dit(seed), config)
+    return BlockDiffusionPipeline(tiny_dit(seed, dit_config), config)
 
 
 def prompt(seed: int, tokens: int = 5) -> torch.Tensor:

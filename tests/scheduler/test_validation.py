@@ -34,10 +34,12 @@ def test_window_models_allow_unbounded_sessions_global_ones_do_not() -> None:
     unbounded = validate_spec(spec(model="toyworld", num_blocks=0), toyworld, 2)
     assert unbounded.num_blocks is None and unbounded.shape.pages == 6  # the window, not the length
     assert unbounded.shape.video_frames_per_block == 3  # no time compression
-    assert validate_spec(spec(model="toyworld", num_blocks=5461), toyworld, 2).shape.pages == 6
-    # A window bounds the cache, not the time positions: the RoPE table (16384 frames) still ends.
-    with pytest.raises(InvalidRequest, match="spec.num_blocks: 5462 blocks need 16386 latent frames.*5461 blocks"):
-        validate_spec(spec(model="toyworld", num_blocks=5462), toyworld, 2)
+    # A window re-bases its RoPE positions at the table's end (16384 frames): any length is fine.
+    assert validate_spec(spec(model="toyworld", num_blocks=5462), toyworld, 2).shape.pages == 6
+    assert validate_spec(spec(model="toyworld", num_blocks=100_000), toyworld, 2).shape.pages == 6
+    # Global attention caches every frame and keeps the table's bound.
+    with pytest.raises(InvalidRequest, match="spec.num_blocks: 342 blocks need 1026 latent frames.*global attention"):
+        validate_spec(spec(num_blocks=342), PRESETS, 2)
 
 
 @pytest.mark.parametrize(

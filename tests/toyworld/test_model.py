@@ -30,7 +30,7 @@ def test_shipped_weights_are_a_model_folder_of_a_few_megabytes() -> None:
     assert folder.preset.vae.latent_std != (1.0,) * 8  # the statistics training measured
     size = sum(p.stat().st_size for p in TOYWORLD_WEIGHTS.rglob("*") if p.is_file())
     assert size < 5 * 2**20, f"{size / 2**20:.1f} MiB"
-    # A window of 6 frames and 16384 time positions: sessions up to 17 minutes at 16 fps.
+    # A window of 6 frames: sessions of any length (positions re-base every ~17 minutes at 16 fps).
     assert session_shape(folder.preset, 64, 64, 5461).cache_frames == 6
 
 

@@ -32,8 +32,8 @@ class WanDiTConfig:
     cross_attn_norm: bool = True
     eps: float = 1e-6
     rope_theta: float = 10000.0
-    # Length of the RoPE table in latent frames. Positions are absolute and never re-based,
-    # so a session can run for at most this many latent frames.
+    # Length of the RoPE table in latent frames. Windowed sessions re-base their positions when they
+    # reach its end (rope.RopeRebase); it bounds only global-attention sessions.
     rope_max_positions: int = 1024
 
     def __post_init__(self) -> None:

@@ -8,6 +8,12 @@ For every block of `num_frame_per_block` latent frames:
   3. one context pass DiT(x0, t=context_noise) re-writes the block's K/V with clean content.
 Every call of a block writes the same cache frames; the next block attends to them.
 
+A windowed session runs for as long as it is asked to: when a block would run past the end of the
+DiT's RoPE table, the session shifts its time positions down (`rope.RopeRebase`: at a frame index
+fixed by the table and the window alone) and turns its cached keys to match; attention, which sees
+only distances between positions, is unchanged. Replay passes the same frame indices, so it
+re-bases at the same points and rebuilds the same cache.
+
 A `GenerationSession` yields blocks one at a time (an iterator), takes prompt changes between
 blocks, and can be rebuilt from committed block latents alone (recovery by recompute).
 """
@@ -28,6 +34,7 @@ from workers.engine.config import BlockConfig, SamplingConfig
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
 from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV
+from workers.engine.models.wan.rope import rope_rebase
 from workers.engine.noise import NoiseSource, SeededNoise
 
 
@@ -186,6 +193,7 @@ class GenerationSession:
             window_frames=None if block.is_global else block.local_attn_size,
             sink_frames=block.sink_size,
         )
+        self.rebase_rule = rope_rebase(self.dit.rope.max_positions, block)  # None: global, bounded by the table
         self.prompt_embeds = prompt_embeds
         self.prompt: CrossAttentionKV = self.dit.encode_prompt(prompt_embeds)
         self._pending_prompt: tuple[Tensor, bool] | None = None
@@ -240,7 +248,7 @@ class GenerationSession:
         for i, t_value in enumerate(steps):
             t = torch.full((1, nf), 0, dtype=steps.dtype, device=device) + t_value.to(device)
             with profile("denoise_step"):
-                flow = self.dit(x, t, self.prompt, self.cache, start)
+                flow = self._forward(x, t, start)
                 x0 = self.pipeline.schedule.x0_from_flow(x, flow, t)
             if self.record_steps:
                 step_x0.append(x0.clone())
@@ -303,8 +311,18 @@ class GenerationSession:
         dtype = self.pipeline.timesteps.dtype
         return torch.full((1, frames), self.sampling.context_noise, device=self.pipeline.device).to(dtype)
 
+    def _forward(self, x: Tensor, t: Tensor, start_frame: int) -> Tensor:
+        """One DiT call over frames from `start_frame`, at the time positions the table holds.
+
+        The offset is a function of the pass's last frame alone, so every pass of one block (and
+        its replay) uses the same one; the cache turns its keys whenever the offset changes.
+        """
+        offset = 0 if self.rebase_rule is None else self.rebase_rule.offset(start_frame + x.shape[1])
+        self.cache.rebase(offset, self.dit.rope.rotate_time)
+        return self.dit(x, t, self.prompt, self.cache, start_frame, position_offset=offset)
+
     def _context_pass(self, latents: Tensor, start_frame: int) -> None:
-        self.dit(latents, self._context_timesteps(latents.shape[1]), self.prompt, self.cache, start_frame)
+        self._forward(latents, self._context_timesteps(latents.shape[1]), start_frame)
         for i in range(latents.shape[1]):
             self._frame_latents[start_frame + i] = latents[:, i]
         cached = set(self.cache.frames)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferix.errors import UserError
+from workers.engine.models.wan.rope import rope_rebase
 from workers.engine.presets import ModelPreset
 
 VAE_SPATIAL_FACTOR = 8
@@ -60,20 +61,16 @@ def session_shape(preset: ModelPreset, width: int, height: int, num_blocks: int 
             f"{preset.video.width}x{preset.video.height})"
         )
     block = preset.pipeline.block
-    if not block.is_global:
-        frames = block.local_attn_size
-    elif num_blocks is None:
-        raise UserError(
-            f"model {preset.name!r} uses global attention: an unbounded session needs a window; set num_blocks"
-        )
+    nf = block.num_frame_per_block
+    if block.is_global:
+        frames = _global_cache_frames(preset, num_blocks)
     else:
-        frames = num_blocks * block.num_frame_per_block
-    # Time positions are absolute latent frames, windowed or not: the RoPE table bounds the length.
-    if num_blocks is not None and num_blocks * block.num_frame_per_block > preset.dit.rope_max_positions:
-        raise UserError(
-            f"{num_blocks} blocks need {num_blocks * block.num_frame_per_block} latent frames; model "
-            f"{preset.name!r} supports at most {preset.dit.rope_max_positions // block.num_frame_per_block} blocks"
-        )
+        # A window bounds the cache, and its time positions re-base at the RoPE table's end: any length.
+        try:
+            rope_rebase(preset.dit.rope_max_positions, block)
+        except ValueError as exc:
+            raise UserError(f"model {preset.name!r} cannot run windowed sessions: {exc}") from exc
+        frames = block.local_attn_size
     pages_per_frame = tokens // per_page
     return SessionShape(
         width=width,
@@ -82,6 +79,25 @@ def session_shape(preset: ModelPreset, width: int, height: int, num_blocks: int 
         pages_per_frame=pages_per_frame,
         cache_frames=frames,
         pages=frames * pages_per_frame,
-        frames_per_block=block.num_frame_per_block,
-        video_frames_per_block=block.num_frame_per_block * preset.vae.temporal_factor,
+        frames_per_block=nf,
+        video_frames_per_block=nf * preset.vae.temporal_factor,
     )
+
+
+def _global_cache_frames(preset: ModelPreset, num_blocks: int | None) -> int:
+    """Latent frames a global-attention session caches: all of them, so it needs `num_blocks`.
+
+    Only windowed sessions re-base their time positions at the RoPE table's end (`rope.RopeRebase`);
+    a global one, whose cache grows with it anyway, keeps the table's bound on its length.
+    """
+    nf = preset.pipeline.block.num_frame_per_block
+    if num_blocks is None:
+        raise UserError(
+            f"model {preset.name!r} uses global attention: an unbounded session needs a window; set num_blocks"
+        )
+    if num_blocks * nf > preset.dit.rope_max_positions:
+        raise UserError(
+            f"{num_blocks} blocks need {num_blocks * nf} latent frames; model {preset.name!r} uses global "
+            f"attention and supports at most {preset.dit.rope_max_positions // nf} blocks (its RoPE table)"
+        )
+    return num_blocks * nf

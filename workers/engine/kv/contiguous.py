@@ -13,6 +13,7 @@ from torch import Tensor
 
 from workers.engine.attention.backends import AttentionBackend
 from workers.engine.kv.errors import KVCapacityError
+from workers.engine.kv.protocol import KeyRotation
 
 
 class ContiguousKVCache:
@@ -39,6 +40,7 @@ class ContiguousKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.global_end = 0
         self.local_end = 0
+        self.position_offset = 0  # a cached key's RoPE time position is its frame minus this
         self._write: tuple[int, int] = (0, 0)
 
     @property
@@ -64,6 +66,13 @@ class ContiguousKVCache:
         self._write = (local_end - n_new, local_end)
         self.global_end = max(self.global_end, end)
         self.local_end = local_end
+
+    def rebase(self, offset: int, rotate: KeyRotation) -> None:
+        """Give the cached keys time positions `frame - offset`, as `PagedSessionCache.rebase` does."""
+        shift = self.position_offset - offset
+        if shift:
+            self.k[:, :, : self.local_end] = rotate(self.k[:, :, : self.local_end], shift)
+            self.position_offset = offset
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
         lo, hi = self._write

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from workers.engine.attention.backends import AttentionBackend
 from workers.engine.kv.errors import KVCapacityError, KVOrderError
+from workers.engine.kv.protocol import KeyRotation
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,7 @@ class PagedSessionCache:
         self.sink_frames = sink_frames
         self.frames: list[int] = []  # absolute latent frame of each cached frame, ascending
         self.pages: list[int] = []  # device page ids, frame-major
+        self.position_offset = 0  # a cached key's RoPE time position is its frame minus this
         self.peak_pages = 0
         self._tier: Literal["device", "host"] = "device"
         self._host: tuple[Tensor, Tensor] | None = None
@@ -306,10 +308,7 @@ class PagedSessionCache:
         """Prepare pages for frames [start_frame, start_frame + num_frames)."""
         if num_frames < 1:
             raise ValueError(f"num_frames must be >= 1, got {num_frames}")
-        self.restore()
-        if self._ready is not None:
-            torch.cuda.current_stream(self.pool.k.device).wait_event(self._ready)
-            self._ready = None
+        self._on_device()
         new = list(range(start_frame, start_frame + num_frames))
         if self.frames[-num_frames:] == new:
             write = self.pages[len(self.pages) - num_frames * self.pages_per_frame :]
@@ -342,6 +341,32 @@ class PagedSessionCache:
             return backend.dense(q, k_all.unsqueeze(0), v_all.unsqueeze(0))
         assert self._table_ids is not None
         return backend.paged(q, pool.k[layer], pool.v[layer], self._table_ids)
+
+    # ---- RoPE re-basing -------------------------------------------------------------------
+    def rebase(self, offset: int, rotate: KeyRotation) -> None:
+        """Give the cached keys time positions `frame - offset` (see `rope.RopeRebase`).
+
+        Every cached key, in every layer, sink and window alike, turns by the change of offset:
+        attention depends only on the distance between time positions, so it stays what it was,
+        and the session's next blocks can use positions the RoPE table holds. V has no position.
+        """
+        shift = self.position_offset - offset
+        if shift == 0:
+            return
+        self._on_device()
+        if self.pages:
+            ids = self._ids(self.pages)
+            for layer in range(self.pool.spec.num_layers):
+                keys = self.pool.k[layer].index_select(0, ids)
+                self.pool.k[layer].index_copy_(0, ids, rotate(keys, shift))
+        self.position_offset = offset
+
+    def _on_device(self) -> None:
+        """Restore offloaded pages and make the current stream wait for their copy."""
+        self.restore()
+        if self._ready is not None:
+            torch.cuda.current_stream(self.pool.k.device).wait_event(self._ready)
+            self._ready = None
 
     # ---- table edits ----------------------------------------------------------------------
     def _append(self, new_frames: list[int]) -> list[int]:
@@ -387,6 +412,7 @@ class PagedSessionCache:
         self._host = None
         self._tier = "device"
         self.frames, self.pages = [], []
+        self.position_offset = 0
         self._table_changed()
 
     def _ids(self, pages: list[int]) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from torch import Tensor
@@ -21,3 +22,7 @@ class SelfAttentionCache(Protocol):
     def begin(self, start_frame: int, num_frames: int) -> None: ...
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor: ...
+
+
+# Turns cached keys [..., head_dim] by a number of RoPE time positions (`RopeTable.rotate_time`).
+KeyRotation = Callable[[Tensor, int], Tensor]

@@ -260,11 +260,14 @@ class CausalWanDiT(nn.Module):
         prompt: CrossAttentionKV,
         cache: SelfAttentionCache | None = None,
         start_frame: int = 0,
+        position_offset: int = 0,
     ) -> Tensor:
         """Flow prediction for latents x [B, F, C, h, w] with per-frame timesteps [B, F].
 
-        `start_frame` is the absolute latent-frame index of x[:, 0] (RoPE time position and the
-        cache slots). Without a cache the block attends only to itself.
+        `start_frame` is the absolute latent-frame index of x[:, 0] (the cache slots); its RoPE
+        time position is `start_frame - position_offset`, the offset of a session that re-based
+        its positions past the table's end (`rope.RopeRebase`; its cache's keys are turned to
+        match). Without a cache the block attends only to itself.
         """
         cfg = self.config
         if x.dim() != 5 or x.shape[2] != cfg.in_dim:
@@ -290,7 +293,7 @@ class CausalWanDiT(nn.Module):
         e0 = self.time_projection(e).float().unflatten(1, (6, cfg.dim)).unflatten(0, (b, frames))
         e_head = e.float().unflatten(0, (b, frames)).unsqueeze(2)
 
-        rotations = self.rope.rotations(start_frame, *grid, device=tokens.device)
+        rotations = self.rope.rotations(start_frame - position_offset, *grid, device=tokens.device)
         if self.parallel is not None:
             tokens, rotations = self.parallel.shard(tokens, rotations, grid[0])
             cache = self.parallel.attention_cache(cache)

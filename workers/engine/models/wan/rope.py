@@ -2,17 +2,28 @@
 
 Pairs are formed from adjacent channels (x0, x1), (x2, x3), ... and split into time / height /
 width groups of `c - 2*(c//3), c//3, c//3` pairs (c = head_dim / 2). The time position is the
-absolute latent-frame index; height and width restart at 0 in every frame.
+absolute latent-frame index, less the session's re-basing offset (below); height and width
+restart at 0 in every frame.
 
 The tables are built in float64 like the reference's. The reference also rotates in complex128;
 we rotate in complex64: the difference is ~1e-7 relative (far inside the 1e-5 parity bound, and
 invisible after a cast to bf16) and the float64 path cost more than the attention on CPU.
+
+Re-basing (unbounded windowed sessions). An attention score between a query at time position p
+and a key at p' depends on p - p' only, so a session may shift all of its time positions down by
+D at any point without changing what it computes: it turns every cached key back by D positions
+(`rotate_time`) and gives its next blocks positions reduced by D. `RopeRebase` decides when and by
+how much from the frame index alone, so a session rebuilt by recompute shifts at the same points.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+from workers.engine.config import BlockConfig
 
 
 def rope_pair_split(head_dim: int) -> tuple[int, int, int]:
@@ -21,10 +32,14 @@ def rope_pair_split(head_dim: int) -> tuple[int, int, int]:
     return c - 2 * (c // 3), c // 3, c // 3
 
 
-def _axis_table(max_positions: int, pairs: int, theta: float) -> Tensor:
+def _inv_freq(pairs: int, theta: float) -> Tensor:
+    """Angle per position of each pair of one axis (float64)."""
     dim = 2 * pairs
-    inv_freq = 1.0 / torch.pow(theta, torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), inv_freq)
+    return 1.0 / torch.pow(theta, torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+
+def _axis_table(max_positions: int, pairs: int, theta: float) -> Tensor:
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), _inv_freq(pairs, theta))
     return torch.polar(torch.ones_like(angles), angles)
 
 
@@ -34,6 +49,7 @@ class RopeTable:
     def __init__(self, head_dim: int, max_positions: int, theta: float = 10000.0) -> None:
         self.head_dim = head_dim
         self.max_positions = max_positions
+        self.theta = theta
         t_pairs, h_pairs, w_pairs = rope_pair_split(head_dim)
         self.time = _axis_table(max_positions, t_pairs, theta)
         self.height = _axis_table(max_positions, h_pairs, theta)
@@ -41,12 +57,17 @@ class RopeTable:
         self._cache: dict[tuple[int, int, int, int, torch.device], Tensor] = {}
 
     def rotations(self, start_frame: int, frames: int, height: int, width: int, device: torch.device) -> Tensor:
-        """Rotations [frames*height*width, 1, head_dim/2] (complex64) for tokens in (f, h, w) order."""
+        """Rotations [frames*height*width, 1, head_dim/2] (complex64) for tokens in (f, h, w) order.
+
+        `start_frame` is the time position of the first frame (its frame index in a session that
+        never re-based).
+        """
         end = start_frame + frames
         if start_frame < 0 or end > self.max_positions:
             raise ValueError(
                 f"RoPE table exhausted: latent frames [{start_frame}, {end}) exceed rope_max_positions="
-                f"{self.max_positions}; raise rope_max_positions in the DiT config or end the session"
+                f"{self.max_positions}; raise rope_max_positions in the DiT config, end the session, or use a "
+                f"sliding window (windowed sessions re-base their time positions)"
             )
         if height > self.max_positions or width > self.max_positions:
             raise ValueError(f"token grid {height}x{width} exceeds rope_max_positions={self.max_positions}")
@@ -64,9 +85,82 @@ class RopeTable:
         self._cache[key] = rot
         return rot
 
+    def rotate_time(self, x: Tensor, positions: int) -> Tensor:
+        """`rotate_time` with this table's frequencies (what a re-basing cache turns its keys with)."""
+        return rotate_time(x, positions, self.theta)
+
 
 def apply_rope(x: Tensor, rotations: Tensor) -> Tensor:
     """Rotate x [B, L, H, D] by rotations [L, 1, D/2]; returns x's dtype."""
     b, seq, heads, dim = x.shape
     pairs = torch.view_as_complex(x.float().reshape(b, seq, heads, dim // 2, 2))
     return torch.view_as_real(pairs * rotations).flatten(3).to(x.dtype)
+
+
+def rotate_time(x: Tensor, positions: int, theta: float = 10000.0) -> Tensor:
+    """Keys x [..., head_dim] that RoPE already rotated, moved by `positions` time positions.
+
+    Only the time pairs turn (height and width positions do not move). The angles are `positions`
+    times the table's float64 frequencies, computed rather than looked up, so any shift works,
+    including one that takes a key below position 0 (a re-based sink frame). The rotation is spelt
+    out in real arithmetic, one rounding per operation: a key's result does not depend on how many
+    keys turn with it, so every cache layout and every rank of a pod gets the same bits.
+    """
+    pairs = rope_pair_split(x.shape[-1])[0]
+    angles = positions * _inv_freq(pairs, theta)
+    cos = angles.cos().to(device=x.device, dtype=torch.float32)
+    sin = angles.sin().to(device=x.device, dtype=torch.float32)
+    re, im = x[..., : 2 * pairs].float().unflatten(-1, (pairs, 2)).unbind(-1)
+    time = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2)
+    return torch.cat([time.to(x.dtype), x[..., 2 * pairs :]], dim=-1)
+
+
+@dataclass(frozen=True)
+class RopeRebase:
+    """When a windowed session shifts its time positions down, and by how much.
+
+    A DiT pass over frames that end at frame index `end` uses time positions reduced by
+    `offset(end)`: 0 while the table holds `end` (a session that never reaches the table's end is
+    untouched), past it the smallest multiple of `stride = max_positions - keep` that brings `end`
+    back into the table. The pass that crosses therefore starts at most `keep` positions into the
+    table. With `keep` = the window's frames after its sink (`rope_rebase`), the window's recent
+    frames keep positions >= 0 and only the sink's go negative; attention is unchanged either way.
+    """
+
+    max_positions: int  # length of the RoPE table
+    keep: int  # positions left below a block that just re-based
+
+    def __post_init__(self) -> None:
+        if self.keep < 0 or self.stride < 1:
+            raise ValueError(f"RoPE re-basing needs 0 <= keep < max_positions, got keep={self.keep}")
+
+    @property
+    def stride(self) -> int:
+        """Positions one re-base shifts by."""
+        return self.max_positions - self.keep
+
+    def offset(self, end_frame: int) -> int:
+        """Time positions of a pass over frames ending (exclusive) at `end_frame` are frame - offset."""
+        overflow = end_frame - self.max_positions
+        if overflow <= 0:
+            return 0
+        return -(-overflow // self.stride) * self.stride
+
+
+def rope_rebase(max_positions: int, block: BlockConfig) -> RopeRebase | None:
+    """The re-basing rule of a session, or None with global attention.
+
+    A global session keeps every frame in its cache, so its time distances grow with it: the
+    table bounds its length. A window holds at most `local_attn_size` frames; the table must hold
+    the window's frames after its sink plus one more block, so that a re-base moves at least a block.
+    """
+    if block.is_global:
+        return None
+    keep = block.local_attn_size - block.sink_size
+    if max_positions < keep + block.num_frame_per_block:
+        raise ValueError(
+            f"rope_max_positions={max_positions} is too short for a window of {block.local_attn_size} frames "
+            f"with a sink of {block.sink_size}: it must be at least local_attn_size - sink_size + "
+            f"num_frame_per_block = {keep + block.num_frame_per_block}"
+        )
+    return RopeRebase(max_positions, keep)
