@@ -6,6 +6,11 @@ process, `--device cuda` giving rank r the GPU r.
 Used by `inferix serve` and by the integration tests, so both run exactly the same processes.
 Every child binds 127.0.0.1 (ports chosen by the OS unless given) and is stopped by pid.
 
+`Mesh.relaunch` starts a child again where the others expect it: kvcache_svc, the streamer and the
+scheduler on their gRPC ports (and the streamer's HTTP port), nginx on its RTMP port, a worker under
+its worker id (it registers its new address with kvcache_svc); metrics ports stay too, and logs are
+appended to. Nothing here restarts on its own: `inferix serve` opts in with inferix/supervisor.py.
+
 Live outputs: the streamer serves the viewer page (WebRTC) on its HTTP port, and the scheduler and
 streamer share a fresh viewer secret (INFERIX_VIEWER_SECRET) to sign and check viewer tokens. When
 nginx with the RTMP module is installed, a local RTMP server is started too (config generated in
@@ -14,13 +19,12 @@ the workdir, free port), so `spec.outputs.rtmp` sessions are playable in OBS, VL
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferix.launch import ServiceProcess, start_service
+from inferix.launch import ServiceProcess, StartingService, launch_service
 from inferix.rtmp import NginxRtmp, nginx_rtmp_missing, start_nginx_rtmp
 from inferix.server import INTERNAL_TOKEN_ENV
 from inferix.viewer_token import SECRET_ENV
@@ -76,16 +80,58 @@ class Mesh:
         return [self.scheduler, *self.workers, self.streamer, *rtmp, self.kvcache]
 
     def add_worker(self, name: str | None = None) -> ServiceProcess:
-        worker = _start_worker(self.config, name or f"worker{len(self.workers)}", self.kvcache.address)
+        worker = _launch_worker(self.config, name or f"worker{len(self.workers)}", self.kvcache.address).wait()
         self.workers.append(worker)
         return worker
+
+    def relaunch(self, child: ServiceProcess) -> StartingService | ServiceProcess:
+        """Start `child` (one of `children()`, exited) again, with the same ports and worker id; its log is
+        appended to. Returns the process to wait for (nginx, quick to start, is returned started).
+
+        Raises RtmpServerError when nginx does not start again.
+        """
+        child.kill()  # reap it, and kill what a launcher left behind (a pod restarts as a whole)
+        config = self.config
+        metrics = child.metrics_port or 0
+        if self.rtmp_server is not None and child is self.rtmp_server.process:
+            self.rtmp_server.restart()
+            return self.rtmp_server.process
+        if child is self.kvcache:
+            return _launch_kvcache(config, child.port, metrics, append_log=True)
+        if child is self.streamer:
+            http = child.ports.get("http")
+            return _launch_streamer(config, self.rtmp_url, child.port, http, metrics, append_log=True)
+        if child is self.scheduler:
+            addresses = (self.kvcache.address, self.streamer.address, self.viewer_url, self.rtmp_url)
+            return _launch_scheduler(config, *addresses, child.port, metrics, append_log=True)
+        if any(child is worker for worker in self.workers):
+            return _launch_worker(config, child.name, self.kvcache.address, metrics_port=metrics, append_log=True)
+        raise ValueError(f"{child.name} is not a child of this mesh")
+
+    def replace(self, child: ServiceProcess) -> None:
+        """Put a relaunched `child` in the place of the process of the same name."""
+        if self.rtmp_server is not None and child.name == self.rtmp_server.process.name:
+            self.rtmp_server.process = child
+        elif child.name == self.kvcache.name:
+            self.kvcache = child
+        elif child.name == self.streamer.name:
+            self.streamer = child
+        elif child.name == self.scheduler.name:
+            self.scheduler = child
+        else:
+            index = next((i for i, w in enumerate(self.workers) if w.name == child.name), None)
+            if index is None:
+                raise ValueError(f"{child.name} is not a child of this mesh")
+            self.workers[index] = child
 
     def stop(self) -> dict[str, int]:
         """SIGTERM every process, scheduler first (it stops sessions at a block boundary)."""
         return {p.name: p.stop() for p in self.children()}
 
 
-def _start_worker(config: MeshConfig, name: str, kvcache: str) -> ServiceProcess:
+def _launch_worker(
+    config: MeshConfig, name: str, kvcache: str, metrics_port: int = 0, append_log: bool = False
+) -> StartingService:
     args = ["--kvcache", kvcache, "--worker-id", name, "--device", config.device, "--kv-pages", str(config.kv_pages)]
     if config.model is not None:
         args += ["--model", str(config.model)]
@@ -97,7 +143,92 @@ def _start_worker(config: MeshConfig, name: str, kvcache: str) -> ServiceProcess
         ranks = str(config.ranks_per_worker)
         args = ["--standalone", "--nnodes", "1", "--nproc-per-node", ranks, "--max-restarts", "0", "-m", module, *args]
         module = "torch.distributed.run"
-    return start_service(name, module, args, config.workdir, env=config.env, timeout=180, metrics=config.metrics)
+    return launch_service(
+        name,
+        module,
+        args,
+        config.workdir,
+        env=config.env,
+        timeout=180,
+        metrics=config.metrics,
+        metrics_port=metrics_port,
+        append_log=append_log,
+    )
+
+
+def _redis_args(config: MeshConfig) -> list[str]:
+    return ["--redis-url", config.redis_url] if config.redis_url else []
+
+
+def _launch_kvcache(
+    config: MeshConfig, port: int = 0, metrics_port: int = 0, append_log: bool = False
+) -> StartingService:
+    return launch_service(
+        "kvcache",
+        "kvcache_svc",
+        _redis_args(config),
+        config.workdir,
+        env=config.env,
+        metrics=config.metrics,
+        port=port,
+        metrics_port=metrics_port,
+        append_log=append_log,
+    )
+
+
+def _launch_streamer(
+    config: MeshConfig,
+    rtmp_url: str,
+    port: int = 0,
+    http_port: int | None = None,
+    metrics_port: int = 0,
+    append_log: bool = False,
+) -> StartingService:
+    http = config.http_port if http_port is None else http_port
+    args = ["--data-dir", str(config.workdir / "recordings"), "--http-port", str(http)]
+    args += ["--encoder", "auto"]  # NVENC where an NVIDIA GPU has it, libx264 elsewhere
+    if rtmp_url:
+        args += ["--rtmp-url", rtmp_url]
+    return launch_service(
+        "streamer",
+        "streamer",
+        args,
+        config.workdir,
+        env=config.env,
+        metrics=config.metrics,
+        port=port,
+        metrics_port=metrics_port,
+        append_log=append_log,
+    )
+
+
+def _launch_scheduler(
+    config: MeshConfig,
+    kvcache: str,
+    streamer: str,
+    viewer_url: str,
+    rtmp_url: str,
+    port: int,
+    metrics_port: int = 0,
+    append_log: bool = False,
+) -> StartingService:
+    args = ["--kvcache", kvcache, "--streamer", streamer, "--lookahead", str(config.lookahead)]
+    args += ["--viewer-page-url", viewer_url, *_redis_args(config)]
+    if rtmp_url:
+        args += ["--rtmp-play-url", rtmp_url]
+    if config.api_keys_file is not None:
+        args += ["--api-keys-file", str(config.api_keys_file)]
+    return launch_service(
+        "scheduler",
+        "scheduler",
+        args,
+        config.workdir,
+        env=config.env,
+        metrics=config.metrics,
+        port=port,
+        metrics_port=metrics_port,
+        append_log=append_log,
+    )
 
 
 def _rtmp(config: MeshConfig) -> tuple[NginxRtmp | None, str, str]:
@@ -122,50 +253,21 @@ def start_mesh(config: MeshConfig) -> Mesh:
     config.env.setdefault(SECRET_ENV, secrets.token_urlsafe(32))
     started: list[ServiceProcess] = []
     try:
-        redis = ["--redis-url", config.redis_url] if config.redis_url else []
-        kvcache = start_service("kvcache", "kvcache_svc", redis, config.workdir, env=config.env, metrics=config.metrics)
+        kvcache = _launch_kvcache(config).wait()
         started.append(kvcache)
         rtmp_server, rtmp_url, rtmp_note = _rtmp(config)
         if rtmp_server is not None:
             started.append(rtmp_server.process)
-        streamer_args = ["--data-dir", str(config.workdir / "recordings"), "--http-port", str(config.http_port)]
-        streamer_args += ["--encoder", "auto"]  # NVENC where an NVIDIA GPU has it, libx264 elsewhere
-        if rtmp_url:
-            streamer_args += ["--rtmp-url", rtmp_url]
-        streamer = start_service(
-            "streamer", "streamer", streamer_args, config.workdir, env=config.env, metrics=config.metrics
-        )
+        streamer = _launch_streamer(config, rtmp_url).wait()
         started.append(streamer)
-        ports = json.loads((config.workdir / "streamer.port.json").read_text())
-        viewer_url = f"http://{streamer.host}:{ports['http']}"
+        viewer_url = f"http://{streamer.host}:{streamer.ports['http']}"
         workers = []
         for i in range(config.workers):
-            workers.append(_start_worker(config, f"worker{i}", kvcache.address))
+            workers.append(_launch_worker(config, f"worker{i}", kvcache.address).wait())
             started.append(workers[-1])
-        scheduler_args = [
-            "--kvcache",
-            kvcache.address,
-            "--streamer",
-            streamer.address,
-            "--lookahead",
-            str(config.lookahead),
-            "--viewer-page-url",
-            viewer_url,
-            *redis,
-        ]
-        if rtmp_url:
-            scheduler_args += ["--rtmp-play-url", rtmp_url]
-        if config.api_keys_file is not None:
-            scheduler_args += ["--api-keys-file", str(config.api_keys_file)]
-        scheduler = start_service(
-            "scheduler",
-            "scheduler",
-            scheduler_args,
-            config.workdir,
-            env=config.env,
-            metrics=config.metrics,
-            port=config.scheduler_port,
-        )
+        scheduler = _launch_scheduler(
+            config, kvcache.address, streamer.address, viewer_url, rtmp_url, config.scheduler_port
+        ).wait()
         return Mesh(config, kvcache, streamer, workers, scheduler, rtmp_server, rtmp_url, rtmp_note, viewer_url)
     except BaseException:
         for process in reversed(started):

@@ -619,12 +619,14 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
                 state=scheduler_pb2.StateChange(state=record.state, reason=f"worker {failed} failed; recovering")  # type: ignore[arg-type]
             )
         )
+        # Reported, not excluded: kvcache_svc admits nothing on it until it heartbeats again, so the same
+        # worker id is eligible once it has restarted (the only worker of a small mesh, a StatefulSet pod).
         await self._report_failure(failed, f"{_describe(failure)} during a block")
         record.worker_id = record.worker_address = ""
         deadline = time.monotonic() + self.config.block_deadline_s
         while True:
             try:
-                if await self._place(record, exclude=[failed]):
+                if await self._place(record, exclude=[]):
                     break
             except PlacementUnavailable as exc:
                 log.warning("session %s waits for placement: %s", record.session_id, exc)

@@ -1,15 +1,20 @@
-"""`inferix serve`: the whole mesh on this machine, until Ctrl-C."""
+"""`inferix serve`: the whole mesh on this machine, until Ctrl-C; a service that exits is restarted."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from inferix.errors import UserError
+
+if TYPE_CHECKING:
+    from inferix.serve import Mesh
 
 
 def register(subparsers: Any) -> None:
@@ -18,12 +23,23 @@ def register(subparsers: Any) -> None:
         help="run scheduler, kvcache_svc, streamer and workers locally",
         description=(
             "Start every Inferix service on this machine (127.0.0.1) with embedded defaults: an in-memory "
-            "store and the built-in toyworld model unless --model is given. Prints the addresses; Ctrl-C stops "
-            "everything cleanly."
+            "store and the built-in toyworld model unless --model is given. Prints the addresses; Ctrl-C or "
+            "SIGTERM stops everything cleanly (scheduler first) and exits 0. It supervises its services: one "
+            "that exits is restarted where the others expect it (same ports, same worker id) after a backoff "
+            "of 0.5 s doubling up to 30 s, and the exit is logged on one line; sessions on other workers go "
+            "on, and a dead worker's sessions move to another. A service that exits again after 5 restarts "
+            "within 60 s is in a crash loop: everything stops, with an error naming it and its log, and exit "
+            "code 1. Each service logs to <workdir>/<service>.log, appended to on restart."
         ),
-        epilog="example: inferix serve --workers 2 --port 50051   then: inferix session create --prompt 'a red ball'",
+        epilog="example: inferix serve --workers 2 --port 50051   then: inferix session create --prompt 'a red ball'.  "
+        "restart policy (environment): INFERIX_SERVE_BACKOFF_S (first delay, 0.5), INFERIX_SERVE_BACKOFF_MAX_S "
+        "(30), INFERIX_SERVE_CRASH_LOOP_RESTARTS (5; 0 = stop on the first exit), "
+        "INFERIX_SERVE_CRASH_LOOP_WINDOW_S (60). INFERIX_INTERNAL_TOKEN, when set, is the mesh's internal token "
+        "(default: a fresh random one).",
     )
-    parser.add_argument("--port", type=int, default=50051, help="scheduler port for clients (default 50051)")
+    parser.add_argument(
+        "--port", type=int, default=50051, help="scheduler port for clients (0 = any free port; default 50051)"
+    )
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument(
         "--ranks-per-worker",
@@ -40,7 +56,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--redis-url", default=None, help="use Redis for sessions and committed blocks")
     parser.add_argument("--api-keys-file", type=Path, default=None, help="require API keys (one per line)")
     parser.add_argument("--lookahead", type=int, default=2, help="blocks generated ahead of playback (default 2)")
-    parser.add_argument("--workdir", type=Path, default=None, help="logs and recordings (default: a temp dir)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="logs (<service>.log), port files and recordings (default: a temp dir)",
+    )
     parser.add_argument(
         "--http-port",
         type=int,
@@ -60,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from inferix.launch import ServiceStartError
     from inferix.rtmp import RtmpServerError
     from inferix.serve import MeshConfig, start_mesh
+    from inferix.server import INTERNAL_TOKEN_ENV
+    from inferix.supervisor import RestartPolicy, Supervisor
     from workers.engine.builtin_models import BUILTIN_MODELS
 
     if args.workers < 1:
@@ -71,7 +94,14 @@ def run(args: argparse.Namespace) -> int:
             f"--model {args.model}: not a folder nor a built-in model ({', '.join(BUILTIN_MODELS)}); "
             "see README: model folders"
         )
+    if args.rtmp not in ("auto", "off") and not args.rtmp.startswith(("rtmp://", "rtmps://")):
+        raise UserError(f"--rtmp must be auto, off or an rtmp:// URL, got {args.rtmp!r}")
+    try:
+        policy = RestartPolicy.from_env()
+    except ValueError as exc:
+        raise UserError(f"restart policy: {exc}") from exc
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="inferix-serve-"))).resolve()
+    token = os.environ.get(INTERNAL_TOKEN_ENV)
     config = MeshConfig(
         workdir=workdir,
         workers=args.workers,
@@ -85,16 +115,58 @@ def run(args: argparse.Namespace) -> int:
         lookahead=args.lookahead,
         http_port=args.http_port,
         rtmp=args.rtmp,
+        env={INTERNAL_TOKEN_ENV: token} if token else {},
     )
-    if args.rtmp not in ("auto", "off") and not args.rtmp.startswith(("rtmp://", "rtmps://")):
-        raise UserError(f"--rtmp must be auto, off or an rtmp:// URL, got {args.rtmp!r}")
     pods = f" of {args.ranks_per_worker} ranks" if args.ranks_per_worker > 1 else ""
     model = args.model or "toyworld (built-in)"
     print(f"starting Inferix ({args.workers} worker(s){pods}, model {model}) ...", flush=True)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    terminated = False
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        nonlocal terminated
+        terminated = True
+        raise KeyboardInterrupt  # while starting: start_mesh stops what it started
+
+    signal.signal(signal.SIGTERM, interrupt)
     try:
-        mesh = start_mesh(config)
-    except (ServiceStartError, RtmpServerError) as exc:
-        raise UserError(str(exc).splitlines()[0] + f" (logs in {workdir})") from exc
+        mesh: Mesh | None = None
+        try:
+            mesh = start_mesh(config)
+            supervisor = Supervisor(mesh, policy)
+
+            def request_stop(signum: int, frame: FrameType | None) -> None:
+                supervisor.request_stop()  # no restart from now on; the loop below ends within its poll interval
+
+            for sig in previous:
+                signal.signal(sig, request_stop)
+        except (ServiceStartError, RtmpServerError) as exc:
+            raise UserError(str(exc).splitlines()[0] + f" (logs in {workdir})") from exc
+        except KeyboardInterrupt:
+            if mesh is not None:  # it had just started
+                mesh.stop()
+            if not terminated:
+                raise  # Ctrl-C: "interrupted", exit code 130
+            print("stopped while starting (SIGTERM)", flush=True)
+            return 0
+        _print_addresses(mesh, workdir)
+        try:
+            crash_loop = supervisor.run()
+        except BaseException:  # a bug must not leave the services running
+            supervisor.stop()
+            raise
+        if crash_loop is not None:
+            print(f"inferix serve: error: {crash_loop.message()}", file=sys.stderr, flush=True)
+        print("stopping ...", flush=True)
+        codes = supervisor.stop()
+        print("stopped: " + ", ".join(f"{name}={code}" for name, code in codes.items()), flush=True)
+        return 1 if crash_loop is not None else 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _print_addresses(mesh: Mesh, workdir: Path) -> None:
     print(
         f"scheduler   {mesh.scheduler.address}   <- clients: inferix session --server {mesh.scheduler.address} ...\n"
         f"streamer    {mesh.streamer.address}\n"
@@ -108,26 +180,7 @@ def run(args: argparse.Namespace) -> int:
         + "".join(f"{w.name:<11} {w.address}\n" for w in mesh.workers)
         + "metrics     "
         + " ".join(f"{p.name}:{p.metrics_port}" for p in mesh.processes() if p.metrics_port)
-        + f"\nlogs        {workdir}\nCtrl-C to stop",
+        + f"\nlogs        {workdir}   <- <service>.log; services that exit are restarted (see --help)"
+        + "\nCtrl-C to stop",
         flush=True,
     )
-    stopping = False
-
-    def request_stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    try:
-        while not stopping:
-            dead = [p.name for p in mesh.children() if not p.alive()]
-            if dead:
-                print(f"service(s) exited: {', '.join(dead)}; stopping (logs in {workdir})", flush=True)
-                break
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    print("stopping ...", flush=True)
-    codes = mesh.stop()
-    print("stopped: " + ", ".join(f"{name}={code}" for name, code in codes.items()), flush=True)
-    return 0

@@ -35,9 +35,9 @@ def write_annotations(path: Path) -> Path:
                 {"start": 2.0, "end": 2.8, "text": "the ball turns blue"},
             ],
         },
-        {  # 1100 s: longer than toyworld's position range (16384 frames = 1024 s), so the scheduler refuses it
+        {  # 20000 s: more than the scheduler's limit of 100000 blocks (18750 s of toyworld), so it is refused
             "video_id": "too_long",
-            "captions": [{"start": 0.0, "end": 1100.0, "text": "a very long walk"}],
+            "captions": [{"start": 0.0, "end": 20000.0, "text": "a very long walk"}],
         },
         {
             "video_id": "city",
