@@ -17,6 +17,11 @@ class FrameRejected(StreamerError):
         self.field = field  # the VideoFrame field at fault; also the `reason` label of the rejected-frames metric
 
 
+class StreamStartsMidway(StreamerError):
+    """The first frame this process sees of a session is not frame 0 (the streamer restarted):
+    the sender re-sends the video from frame 0 (`VideoFrame.backfill`)."""
+
+
 class SessionNotFound(StreamerError):
     """No frame was ever accepted for this session id."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from inferix.api.v1 import streamer_pb2
-from streamer.errors import FrameRejected, SessionFinished
+from streamer.errors import FrameRejected, SessionFinished, StreamStartsMidway
 from streamer.packets import StreamFormat
 
 # Session ids name files on disk (`<id>.mp4`), so they are restricted to a portable file-name alphabet.
@@ -81,9 +81,9 @@ def first_frame_format(frame: streamer_pb2.VideoFrame) -> StreamFormat:
     fmt = StreamFormat(frame.width, frame.height, frame.fps)
     _check_data(frame, fmt)
     if frame.frame_index != 0:
-        raise FrameRejected(
-            "frame_index",
-            f"frame.frame_index must be 0: session {frame.session_id!r} has no frames yet, got {frame.frame_index}",
+        raise StreamStartsMidway(
+            f"session {frame.session_id!r} has no frames in this streamer (did it restart?): send its video "
+            f"from frame 0, got frame {frame.frame_index}"
         )
     return fmt
 

@@ -27,6 +27,7 @@ from streamer.errors import (
     SessionFinished,
     SessionNotFound,
     StreamerError,
+    StreamStartsMidway,
 )
 from streamer.ingest import Admission, IngestState, first_frame_format
 from streamer.link import LinkHub
@@ -44,6 +45,7 @@ _STATUS: dict[type[StreamerError], grpc.StatusCode] = {
     SessionFinished: grpc.StatusCode.FAILED_PRECONDITION,
     RecordingNotReady: grpc.StatusCode.FAILED_PRECONDITION,
     EncoderFailed: grpc.StatusCode.INTERNAL,
+    StreamStartsMidway: grpc.StatusCode.OUT_OF_RANGE,  # the worker re-sends the video from frame 0
 }
 
 
@@ -62,6 +64,8 @@ def _reason(error: StreamerError) -> str:
     """The `reason` label of a refused frame: the field at fault, or the session state that refused it."""
     if isinstance(error, FrameRejected):
         return error.field
+    if isinstance(error, StreamStartsMidway):
+        return "frame_index"
     return "finished" if isinstance(error, SessionFinished) else "encoder_failed"
 
 
@@ -98,9 +102,14 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             ingest = IngestState(frame.session_id, first_frame_format(frame))
             live = self.live.get_or_create(frame.session_id)
             config = self.config
-            session = StreamSession.open(ingest, config.data_dir, config.codec, config.queue_frames, live)
+            session = StreamSession.open(
+                ingest, config.data_dir, config.codec, config.queue_frames, live, live_now=not frame.backfill
+            )
             self._sessions[frame.session_id] = session
-            log.info("session %s opened: %dx%d at %g fps", frame.session_id, frame.width, frame.height, frame.fps)
+            log.info(
+                "session %s opened: %dx%d at %g fps%s", frame.session_id, frame.width, frame.height, frame.fps,
+                " (its video re-sent from frame 0 after a restart)" if frame.backfill else "",
+            )  # fmt: skip
         return session
 
     async def PushFrames(

@@ -30,21 +30,35 @@ class StreamSession:
     stream: EncodedStream
     recorder: Mp4Recorder
     finalized: bool = False  # FinishStream completed: the MP4 is written
+    # The live output, while the session's video is being re-sent (backfill) after a streamer restart:
+    # it joins with the first new frame, so viewers never see the past again.
+    live_pending: LiveSession | None = None
     # Digest of the accepted raw frames in order: checks delivery bit for bit despite the lossy encode.
     frames_digest: hashlib._Hash = field(default_factory=hashlib.sha256)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
     def open(
-        cls, ingest: IngestState, data_dir: Path, codec: str, queue_frames: int, live: LiveSession | None = None
+        cls,
+        ingest: IngestState,
+        data_dir: Path,
+        codec: str,
+        queue_frames: int,
+        live: LiveSession | None = None,
+        live_now: bool = True,
     ) -> StreamSession:
-        """Start the session's encoder with the MP4 recorder and, when given, the live pacer as outputs."""
+        """Start the session's encoder with the MP4 recorder and, when given, the live pacer as outputs
+        (`live_now=False`: the pacer joins with the first frame that is not backfill)."""
         stream = EncodedStream(ingest.session_id, ingest.format, codec=codec, queue_frames=queue_frames)
         recorder = Mp4Recorder(data_dir / f"{ingest.session_id}.mp4", ingest.format)
         stream.attach(recorder)
+        session = cls(ingest, stream, recorder)
         if live is not None:
-            stream.attach(live.open(ingest.format))
-        return cls(ingest, stream, recorder)
+            if live_now:
+                stream.attach(live.open(ingest.format))
+            else:
+                session.live_pending = live
+        return session
 
     @property
     def session_id(self) -> str:
@@ -54,6 +68,9 @@ class StreamSession:
         """Queue the next frame for encoding, or skip a re-sent one; raises on a bad or late frame."""
         async with self._lock:
             admission = self.ingest.check(frame)
+            if admission is Admission.NEW and not frame.backfill and self.live_pending is not None:
+                self.stream.attach(self.live_pending.open(self.ingest.format))
+                self.live_pending = None
             if admission is Admission.NEW:
                 await self.stream.put(
                     RawFrame(frame.frame_index, frame.block_index, frame.data, otel_context.get_current())

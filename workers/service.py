@@ -54,6 +54,7 @@ SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 INTERNAL_DEADLINE_S = 30.0
 COMMITTED_FETCH_DEADLINE_S = 600.0  # a long session's latents are many messages
 COMMIT_RETRY_S = 60.0
+PUBLISH_RETRY_S = 60.0  # a streamer restarting
 
 
 @dataclass
@@ -338,24 +339,62 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         return self._streamers[address]
 
     async def _publish(self, session: _Session, session_id: str, block: VideoBlock) -> None:
-        height, width = block.frames.shape[1:3]
+        """Send the block's frames to the streamer; retried while it is briefly away (re-sent frames are
+        skipped there). A streamer that restarted and lost the session first gets its video again."""
+        deadline = time.monotonic() + PUBLISH_RETRY_S
+        delay = 0.2
+        while True:
+            try:
+                await self._push(session, session_id, block.index, block.first_frame, block.frames, backfill=False)
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
+                    await self._backfill(session, session_id, before_block=block.index)
+                    continue
+                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+                if not retryable or time.monotonic() > deadline:
+                    raise
+                log.warning("frames of %s block %d: streamer %s; retrying", session_id, block.index, exc.code().name)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 2.0)
+
+    async def _push(
+        self, session: _Session, session_id: str, block_index: int, first_frame: int, rgb: np.ndarray, backfill: bool
+    ) -> None:
+        height, width = rgb.shape[1:3]
 
         def frames() -> Any:
-            for i, rgb in enumerate(block.frames):
+            for i, image in enumerate(rgb):
                 yield streamer_pb2.PushFramesRequest(
                     frame=streamer_pb2.VideoFrame(
                         session_id=session_id,
-                        block_index=block.index,
-                        frame_index=block.first_frame + i,
+                        block_index=block_index,
+                        frame_index=first_frame + i,
                         width=width,
                         height=height,
                         format=streamer_pb2.PIXEL_FORMAT_RGB24,
-                        data=rgb.tobytes(),
+                        data=image.tobytes(),
                         fps=session.fps,
+                        backfill=backfill,
                     )
                 )
 
         await session.streamer.PushFrames(frames(), timeout=INTERNAL_DEADLINE_S)
+
+    async def _backfill(self, session: _Session, session_id: str, before_block: int) -> None:
+        """Re-send the session's video up to `before_block` to a streamer that restarted: its committed
+        latents decoded again from the start (recovery by recompute, for the recording)."""
+        began = time.perf_counter()
+        committed = [b for b in await self._committed_blocks(session_id) if b.block_index < before_block]
+        latents = [latents_from_proto(b) for b in committed]
+        async with self.engine_lock:
+            decoded = await asyncio.to_thread(lambda: list(session.video.decode_from_start(latents)))
+        first = 0
+        for block, rgb in zip(committed, decoded, strict=True):
+            await self._push(session, session_id, block.block_index, first, rgb, backfill=True)
+            first += rgb.shape[0]
+        log.info("re-sent %d blocks (%d frames) of %s to a restarted streamer in %.2fs", len(committed), first,
+                 session_id, time.perf_counter() - began)  # fmt: skip
 
     async def _commit(self, session_id: str, block: VideoBlock) -> None:
         """Store the block's latents; retried while kvcache_svc is briefly away (commits are idempotent)."""

@@ -165,14 +165,16 @@ def test_bad_frames_are_rejected_and_the_session_stays_intact(
 def test_a_bad_first_frame_opens_no_session(stub: Stub) -> None:
     cases = {
         "width": (Video("odd", 95, 64, 16.0, (1,)).frame(0), "positive even number"),
-        "frame_index": (Video("late", 64, 64, 16.0, (1,)).frame(5), "frame.frame_index must be 0"),
         "fps": (Video("still", 64, 64, 0.0, (1,)).frame(0), "positive frame rate"),
         "session_id": (Video("../escape", 64, 64, 16.0, (1,)).frame(0), "frame.session_id must be"),
         "format": (Video("yuv", 64, 64, 16.0, (1,)).frame(0, format=7), "got unknown value 7"),
     }
-    for field, (frame, message) in cases.items():
+    # A session that starts mid-way (this streamer restarted): OUT_OF_RANGE tells the sender to re-send from 0.
+    late = ("frame_index", (Video("late", 64, 64, 16.0, (1,)).frame(5), "send its video from frame 0"))
+    for field, (frame, message) in [*cases.items(), late]:
         error = push_error(stub, [streamer_pb2.PushFramesRequest(frame=frame)])
-        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, (field, error)
+        code = grpc.StatusCode.OUT_OF_RANGE if frame.session_id == "late" else grpc.StatusCode.INVALID_ARGUMENT
+        assert error.code() == code, (field, error)
         assert message in (error.details() or ""), (field, error.details())
         with pytest.raises(grpc.RpcError) as caught:
             frames_of(stub, frame.session_id)

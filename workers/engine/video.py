@@ -190,6 +190,14 @@ class VideoSession:
             self.prompt_text = committed[-1][2]
         return frames
 
+    @torch.no_grad()
+    def decode_from_start(self, blocks: Sequence[Tensor]) -> Iterator[np.ndarray]:
+        """The frames of the session's first blocks (clean latents, in order), decoded anew with a fresh
+        decoder state: the same frames as when they were made. The session's own decoder is untouched."""
+        state = self.decoder.new_decode_state()
+        for latents in blocks:
+            yield to_uint8_frames(self.decoder.decode_block(latents, state))
+
     def close(self) -> None:
         self.session.close()
 

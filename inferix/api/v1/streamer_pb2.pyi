@@ -24,7 +24,7 @@ OUTPUT_EVENT_KIND_ERROR: OutputEventKind
 OUTPUT_EVENT_KIND_RECOVERED: OutputEventKind
 
 class VideoFrame(_message.Message):
-    __slots__ = ("session_id", "block_index", "frame_index", "width", "height", "format", "data", "fps")
+    __slots__ = ("session_id", "block_index", "frame_index", "width", "height", "format", "data", "fps", "backfill")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     FRAME_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class VideoFrame(_message.Message):
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     FPS_FIELD_NUMBER: _ClassVar[int]
+    BACKFILL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     block_index: int
     frame_index: int
@@ -41,7 +42,8 @@ class VideoFrame(_message.Message):
     format: PixelFormat
     data: bytes
     fps: float
-    def __init__(self, session_id: _Optional[str] = ..., block_index: _Optional[int] = ..., frame_index: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., format: _Optional[_Union[PixelFormat, str]] = ..., data: _Optional[bytes] = ..., fps: _Optional[float] = ...) -> None: ...
+    backfill: bool
+    def __init__(self, session_id: _Optional[str] = ..., block_index: _Optional[int] = ..., frame_index: _Optional[int] = ..., width: _Optional[int] = ..., height: _Optional[int] = ..., format: _Optional[_Union[PixelFormat, str]] = ..., data: _Optional[bytes] = ..., fps: _Optional[float] = ..., backfill: _Optional[bool] = ...) -> None: ...
 
 class PushFramesRequest(_message.Message):
     __slots__ = ("frame",)

@@ -1,0 +1,54 @@
+"""The streamer restarts (SIGKILL, or SIGTERM) in the middle of a session.
+
+The worker's frames wait while it is away; the restarted streamer, which has lost the session, says
+so (OUT_OF_RANGE) and the worker re-sends the video from frame 0, decoded again from the committed
+latents. The recording ends up complete and identical to `inferix generate`: no frame missing, none
+twice; the live outputs join with the first new frame.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferix.client import BlockDone, Client, PromptChange, StateChanged
+from inferix.serve import Mesh, start_mesh
+from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
+from tests.streamer.media import ffprobe
+
+BLOCKS = 32  # ~6 s at toyworld's real-time pace: the session outlives the restart
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    running = start_mesh(mesh_config(tmp_path_factory.mktemp("streamer-restart"), workers=1, rtmp="off"))
+    yield running
+    running.stop()
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_a_session_survives_a_streamer_restart(mesh: Mesh, how: str, tmp_path: Path) -> None:
+    schedule = (PromptChange(0, "a red ball"), PromptChange(10, "a yellow ball"))
+    with Client(mesh.address, api_key=KEY_A, timeout=60) as client:
+        info = client.create_session(list(schedule), num_blocks=BLOCKS, seed=21)
+        events: list[object] = []
+        restarted = False
+        for event in client.events(info.session_id):
+            events.append(event)
+            if isinstance(event, BlockDone) and event.block_index == 4 and not restarted:
+                restarted = True
+                code = mesh.streamer.kill() if how == "sigkill" else mesh.streamer.stop()
+                assert code == (-9 if how == "sigkill" else 0), mesh.streamer.log_tail()
+                mesh.replace(mesh.relaunch(mesh.streamer).wait())  # type: ignore[union-attr]
+        final = client.get_session(info.session_id)
+        assert [e.block_index for e in events if isinstance(e, BlockDone)] == list(range(BLOCKS))
+        assert [e.state for e in events if isinstance(e, StateChanged)][-1] == "completed"
+        assert final.state == "completed"
+        streamed = stream_info(mesh, info.session_id)
+        assert streamed.finished and streamed.frames == BLOCKS * 3  # toyworld: 3 video frames per block
+        assert streamed.frames_sha256 == generate_digest(schedule, BLOCKS, 21)
+        recording = client.download_recording(final, tmp_path / "session.mp4")
+    assert ffprobe(recording)["nb_read_frames"] == str(BLOCKS * 3)
+    assert "to a restarted streamer" in (mesh.config.workdir / "worker0.log").read_text()
