@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,7 @@ log = logging.getLogger("inferix.worker")
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 INTERNAL_DEADLINE_S = 30.0
 COMMITTED_FETCH_DEADLINE_S = 600.0  # a long session's latents are many messages
-COMMIT_RETRY_S = 60.0
-PUBLISH_RETRY_S = 60.0  # a streamer restarting
+AWAY_RETRY_S = 60.0  # how long frames and commits wait for a restarting streamer / kvcache_svc
 
 
 @dataclass
@@ -339,24 +339,19 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         return self._streamers[address]
 
     async def _publish(self, session: _Session, session_id: str, block: VideoBlock) -> None:
-        """Send the block's frames to the streamer; retried while it is briefly away (re-sent frames are
-        skipped there). A streamer that restarted and lost the session first gets its video again."""
-        deadline = time.monotonic() + PUBLISH_RETRY_S
-        delay = 0.2
-        while True:
+        """Send the block's frames to the streamer (re-sent frames are skipped there). A streamer that
+        restarted and lost the session first gets its video again."""
+
+        async def attempt() -> None:
             try:
                 await self._push(session, session_id, block.index, block.first_frame, block.frames, backfill=False)
-                return
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
-                    await self._backfill(session, session_id, before_block=block.index)
-                    continue
-                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-                if not retryable or time.monotonic() > deadline:
+                if exc.code() != grpc.StatusCode.OUT_OF_RANGE:
                     raise
-                log.warning("frames of %s block %d: streamer %s; retrying", session_id, block.index, exc.code().name)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 2.0)
+                await self._backfill(session, session_id, before_block=block.index)
+                await self._push(session, session_id, block.index, block.first_frame, block.frames, backfill=False)
+
+        await _while_away(f"frames of {session_id} block {block.index}: streamer", attempt)
 
     async def _push(
         self, session: _Session, session_id: str, block_index: int, first_frame: int, rgb: np.ndarray, backfill: bool
@@ -397,23 +392,17 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                  session_id, time.perf_counter() - began)  # fmt: skip
 
     async def _commit(self, session_id: str, block: VideoBlock) -> None:
-        """Store the block's latents; retried while kvcache_svc is briefly away (commits are idempotent)."""
+        """Store the block's latents (commits are idempotent)."""
         request = kvcache_pb2.CommitBlockRequest(session_id=session_id, block=latents_to_proto(block))
-        deadline = time.monotonic() + COMMIT_RETRY_S
-        delay = 0.2
-        while True:
+
+        async def attempt() -> None:
             try:
                 await self.kvcache.CommitBlock(request, timeout=INTERNAL_DEADLINE_S)
-                return
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.ALREADY_EXISTS:  # a re-run of a committed block
-                    return
-                retryable = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-                if not retryable or time.monotonic() > deadline:
+                if exc.code() != grpc.StatusCode.ALREADY_EXISTS:  # ALREADY_EXISTS: a re-run of a committed block
                     raise
-                log.warning("commit of %s block %d: %s; retrying", session_id, block.index, exc.code().name)
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 2.0)
+
+        await _while_away(f"commit of {session_id} block {block.index}: kvcache_svc", attempt)
 
     async def register_and_heartbeat(self, address: str, stop: asyncio.Event) -> None:
         """Register with kvcache_svc, then report KV usage until `stop` (re-registering if forgotten)."""
@@ -478,6 +467,24 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 self.profiler.stop()
                 self.profiler.write(self.config.profile_dir)
                 log.info("profile written to %s", self.config.profile_dir)
+
+
+async def _while_away(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
+    """Run `attempt` until it succeeds, retrying with backoff for `AWAY_RETRY_S` while the other
+    service is away (UNAVAILABLE, DEADLINE_EXCEEDED: restarting); other errors are raised at once."""
+    deadline = time.monotonic() + AWAY_RETRY_S
+    delay = 0.2
+    while True:
+        try:
+            await attempt()
+            return
+        except grpc.aio.AioRpcError as exc:
+            away = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            if not away or time.monotonic() > deadline:
+                raise
+            log.warning("%s %s; retrying", what, exc.code().name)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)
 
 
 def add_to_server(server: grpc.aio.Server, service: WorkerService) -> Registration:
