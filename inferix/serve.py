@@ -156,17 +156,14 @@ def _launch_worker(
     )
 
 
-def _redis_args(config: MeshConfig) -> list[str]:
-    return ["--redis-url", config.redis_url] if config.redis_url else []
-
-
-def _launch_kvcache(
-    config: MeshConfig, port: int = 0, metrics_port: int = 0, append_log: bool = False
+def _launch_control(
+    config: MeshConfig, name: str, module: str, args: list[str], port: int, metrics_port: int, append_log: bool
 ) -> StartingService:
+    """A control-plane service (kvcache_svc, streamer, scheduler) on `port` (0 = any)."""
     return launch_service(
-        "kvcache",
-        "kvcache_svc",
-        _redis_args(config),
+        name,
+        module,
+        args,
         config.workdir,
         env=config.env,
         metrics=config.metrics,
@@ -174,6 +171,16 @@ def _launch_kvcache(
         metrics_port=metrics_port,
         append_log=append_log,
     )
+
+
+def _redis_args(config: MeshConfig) -> list[str]:
+    return ["--redis-url", config.redis_url] if config.redis_url else []
+
+
+def _launch_kvcache(
+    config: MeshConfig, port: int = 0, metrics_port: int = 0, append_log: bool = False
+) -> StartingService:
+    return _launch_control(config, "kvcache", "kvcache_svc", _redis_args(config), port, metrics_port, append_log)
 
 
 def _launch_streamer(
@@ -189,17 +196,7 @@ def _launch_streamer(
     args += ["--encoder", "auto"]  # NVENC where an NVIDIA GPU has it, libx264 elsewhere
     if rtmp_url:
         args += ["--rtmp-url", rtmp_url]
-    return launch_service(
-        "streamer",
-        "streamer",
-        args,
-        config.workdir,
-        env=config.env,
-        metrics=config.metrics,
-        port=port,
-        metrics_port=metrics_port,
-        append_log=append_log,
-    )
+    return _launch_control(config, "streamer", "streamer", args, port, metrics_port, append_log)
 
 
 def _launch_scheduler(
@@ -218,17 +215,7 @@ def _launch_scheduler(
         args += ["--rtmp-play-url", rtmp_url]
     if config.api_keys_file is not None:
         args += ["--api-keys-file", str(config.api_keys_file)]
-    return launch_service(
-        "scheduler",
-        "scheduler",
-        args,
-        config.workdir,
-        env=config.env,
-        metrics=config.metrics,
-        port=port,
-        metrics_port=metrics_port,
-        append_log=append_log,
-    )
+    return _launch_control(config, "scheduler", "scheduler", args, port, metrics_port, append_log)
 
 
 def _rtmp(config: MeshConfig) -> tuple[NginxRtmp | None, str, str]:
