@@ -1,0 +1,70 @@
+"""A worker recovers a session from committed latents that arrive in several stream messages.
+
+kvcache_svc streams a session's blocks in ~4 MiB messages (tests/kvcache_svc shows a session of more
+than 64 MiB, the old single-message cap, coming back whole). Here the worker's side: toyworld at
+512x512 (a 64x64x8 latent per frame, 384 KiB per block), 24 committed blocks (9 MiB, three messages)
+are fetched, replayed and continued: the next block carries on from frame 72, and the worker reports
+every restored block. (A full 64 MiB restore takes minutes of CPU replay: it is the same code path.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc
+from inferix.serve import start_mesh
+from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
+from kvcache_svc.service import STREAM_MESSAGE_BYTES
+from tests.mesh.conftest import mesh_config
+
+BLOCKS, FRAMES, CHANNELS, SIDE = 24, 3, 8, 64  # latents of one block: [3, 8, 64, 64] float32
+
+
+def test_a_session_of_many_stream_messages_is_restored_and_continues(tmp_path: Path) -> None:
+    assert BLOCKS * FRAMES * CHANNELS * SIDE * SIDE * 4 > 2 * STREAM_MESSAGE_BYTES
+    mesh = start_mesh(mesh_config(tmp_path / "mesh", workers=1, kv_pages=1024, rtmp="off"))
+    token = ((INTERNAL_TOKEN_HEADER, mesh.config.env[INTERNAL_TOKEN_ENV]),)
+    rng = np.random.default_rng(0)
+    try:
+        with grpc.insecure_channel(mesh.kvcache.address) as channel:
+            kvcache = kvcache_pb2_grpc.KVCacheServiceStub(channel)
+            for index in range(BLOCKS):
+                latents = rng.standard_normal((FRAMES, CHANNELS, SIDE, SIDE), dtype=np.float32)
+                block = kvcache_pb2.CommittedBlock(
+                    block_index=index,
+                    start_frame=index * FRAMES,
+                    shape=[FRAMES, CHANNELS, SIDE, SIDE],
+                    latents=latents.astype("<f4").tobytes(),
+                    prompt="a red ball",
+                )
+                kvcache.CommitBlock(
+                    kvcache_pb2.CommitBlockRequest(session_id="long", block=block), timeout=30, metadata=token
+                )
+        spec = common_pb2.SessionSpec(
+            model="toyworld",
+            resolution=common_pb2.Resolution(width=512, height=512),
+            prompts=[common_pb2.PromptChange(at_block=0, text="a red ball")],
+            seed=3,
+        )
+        with grpc.insecure_channel(mesh.workers[0].address) as channel:
+            worker = worker_pb2_grpc.WorkerServiceStub(channel)
+            opened = worker.OpenSession(
+                worker_pb2.OpenSessionRequest(session_id="long", spec=spec, streamer_address=mesh.streamer.address),
+                timeout=600,
+                metadata=token,
+            )
+            assert opened.next_block == BLOCKS
+            assert [e.block_index for e in opened.blocks] == list(range(BLOCKS))
+            assert [e.first_frame for e in opened.blocks] == [i * FRAMES for i in range(BLOCKS)]
+            ran = worker.RunBlock(
+                worker_pb2.RunBlockRequest(session_id="long", block_index=BLOCKS, prompt="a red ball"),
+                timeout=600,
+                metadata=token,
+            )
+        assert (ran.block.block_index, ran.block.first_frame, ran.block.num_frames) == (BLOCKS, BLOCKS * FRAMES, 3)
+        assert f"restored from {BLOCKS} committed blocks" in (mesh.config.workdir / "worker0.log").read_text()
+    finally:
+        mesh.stop()
