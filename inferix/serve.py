@@ -143,29 +143,28 @@ def _launch_worker(
         ranks = str(config.ranks_per_worker)
         args = ["--standalone", "--nnodes", "1", "--nproc-per-node", ranks, "--max-restarts", "0", "-m", module, *args]
         module = "torch.distributed.run"
-    return launch_service(
-        name,
-        module,
-        args,
-        config.workdir,
-        env=config.env,
-        timeout=180,
-        metrics=config.metrics,
-        metrics_port=metrics_port,
-        append_log=append_log,
-    )
+    # A worker listens once its model is loaded: longer than the control plane's start-up.
+    return _launch(config, name, module, args, 0, metrics_port, append_log, timeout=180)
 
 
-def _launch_control(
-    config: MeshConfig, name: str, module: str, args: list[str], port: int, metrics_port: int, append_log: bool
+def _launch(
+    config: MeshConfig,
+    name: str,
+    module: str,
+    args: list[str],
+    port: int,
+    metrics_port: int,
+    append_log: bool,
+    timeout: float = 60.0,
 ) -> StartingService:
-    """A control-plane service (kvcache_svc, streamer, scheduler) on `port` (0 = any)."""
+    """One of the mesh's services on `port` (0 = any), with the mesh's environment and metrics."""
     return launch_service(
         name,
         module,
         args,
         config.workdir,
         env=config.env,
+        timeout=timeout,
         metrics=config.metrics,
         port=port,
         metrics_port=metrics_port,
@@ -180,7 +179,7 @@ def _redis_args(config: MeshConfig) -> list[str]:
 def _launch_kvcache(
     config: MeshConfig, port: int = 0, metrics_port: int = 0, append_log: bool = False
 ) -> StartingService:
-    return _launch_control(config, "kvcache", "kvcache_svc", _redis_args(config), port, metrics_port, append_log)
+    return _launch(config, "kvcache", "kvcache_svc", _redis_args(config), port, metrics_port, append_log)
 
 
 def _launch_streamer(
@@ -196,7 +195,7 @@ def _launch_streamer(
     args += ["--encoder", "auto"]  # NVENC where an NVIDIA GPU has it, libx264 elsewhere
     if rtmp_url:
         args += ["--rtmp-url", rtmp_url]
-    return _launch_control(config, "streamer", "streamer", args, port, metrics_port, append_log)
+    return _launch(config, "streamer", "streamer", args, port, metrics_port, append_log)
 
 
 def _launch_scheduler(
@@ -215,7 +214,7 @@ def _launch_scheduler(
         args += ["--rtmp-play-url", rtmp_url]
     if config.api_keys_file is not None:
         args += ["--api-keys-file", str(config.api_keys_file)]
-    return _launch_control(config, "scheduler", "scheduler", args, port, metrics_port, append_log)
+    return _launch(config, "scheduler", "scheduler", args, port, metrics_port, append_log)
 
 
 def _rtmp(config: MeshConfig) -> tuple[NginxRtmp | None, str, str]:

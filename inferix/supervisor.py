@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -132,17 +132,9 @@ class Children(Protocol):
 
 
 class Supervisor:
-    def __init__(
-        self,
-        mesh: Children,
-        policy: RestartPolicy | None = None,
-        say: Callable[[str], None] = lambda line: print(line, flush=True),
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, mesh: Children, policy: RestartPolicy | None = None) -> None:
         self.mesh = mesh
         self.policy = policy or RestartPolicy()
-        self.say = say
-        self.clock = clock
         self.history: dict[str, RestartHistory] = {}
         self._due: dict[str, float] = {}  # name -> when to restart it (waiting out its backoff)
         self._starting: dict[str, StartingService] = {}  # name -> its restart, not listening yet
@@ -178,7 +170,7 @@ class Supervisor:
             if name in self._starting:
                 crash_loop = self._check_start(child)
             elif name in self._due:
-                crash_loop = self._relaunch(child) if self.clock() >= self._due[name] else None
+                crash_loop = self._relaunch(child) if time.monotonic() >= self._due[name] else None
             elif not child.serving():
                 crash_loop = self._exited(child, self._describe(child))
             else:
@@ -214,7 +206,7 @@ class Supervisor:
     def _exited(self, child: ServiceProcess, how: str) -> CrashLoop | None:
         name = child.name
         history = self.history.setdefault(name, RestartHistory())
-        now = self.clock()
+        now = time.monotonic()
         delay = history.on_exit(self.policy, now)
         if delay is None:
             restarts = history.recent(now, self.policy.crash_loop_window_s)
@@ -223,7 +215,7 @@ class Supervisor:
         self._due[name] = now + delay
         line = f"{name} exited ({how}); restarting in {delay:g}s (restart {history.total})"
         self._mark_log(child.log_path, line)
-        self.say(line)
+        print(line, flush=True)
         return None
 
     def _relaunch(self, child: ServiceProcess) -> CrashLoop | None:
@@ -258,7 +250,7 @@ class Supervisor:
     def _adopt(self, service: ServiceProcess) -> None:
         self.mesh.replace(service)
         pid = service.serving_pid or service.pid
-        self.say(f"{service.name} restarted: {service.address} (pid {pid})")
+        print(f"{service.name} restarted: {service.address} (pid {pid})", flush=True)
 
     @staticmethod
     def _mark_log(log_path: Path, line: str) -> None:

@@ -142,21 +142,17 @@ class BlockStore:
             raise
         return added
 
-    async def indices(self, session_id: str) -> list[int] | None:
-        """The session's committed block indices, ascending; None when it has never committed one."""
+    async def listing(self, session_id: str) -> list[tuple[int, str]] | None:
+        """(block index, digest) of the session's committed blocks, ascending; None when it has never
+        committed one. Read it once and `read` it in slices: a long session's index is large."""
         require_id("session_id", session_id)
         index = _decode_index(await self.store.get(_index_key(session_id)))
-        return sorted(index) if index else None
+        return sorted(index.items()) if index else None
 
-    async def get_range(self, session_id: str, block_indices: list[int]) -> list[CommittedBlock]:
-        """These committed blocks, in the order given (one store round trip)."""
-        require_id("session_id", session_id)
-        index = _decode_index(await self.store.get(_index_key(session_id)))
-        unknown = [i for i in block_indices if i not in index]
-        if unknown:
-            raise StoreError(f"blocks {unknown} of session {session_id!r} are not committed")
-        values = await self.store.get_many([_block_key(session_id, i, index[i]) for i in block_indices])
-        missing = [i for i, value in zip(block_indices, values, strict=True) if value is None]
+    async def read(self, session_id: str, listed: list[tuple[int, str]]) -> list[CommittedBlock]:
+        """These blocks of `listing`, in the order given (one store round trip)."""
+        values = await self.store.get_many([_block_key(session_id, i, d) for i, d in listed])
+        missing = [i for (i, _), value in zip(listed, values, strict=True) if value is None]
         if missing:
             raise StoreError(
                 f"committed blocks {missing} of session {session_id!r} are listed but missing from the store "
@@ -166,8 +162,8 @@ class BlockStore:
 
     async def get(self, session_id: str) -> list[CommittedBlock] | None:
         """The session's blocks by ascending index; None when it has never committed one."""
-        indices = await self.indices(session_id)
-        return None if indices is None else await self.get_range(session_id, indices)
+        listed = await self.listing(session_id)
+        return None if listed is None else await self.read(session_id, listed)
 
     async def expire(self, session_id: str, ttl_s: float) -> int:
         """Let every committed block of the session expire in `ttl_s`; returns how many."""

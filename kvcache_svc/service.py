@@ -238,17 +238,17 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
         self, request: kvcache_pb2.GetCommittedBlocksRequest, context: Any
     ) -> AsyncIterator[kvcache_pb2.GetCommittedBlocksResponse]:
         """Streams the blocks in order, each message at most ~`STREAM_MESSAGE_BYTES` (one block at least)."""
-        indices = await self.blocks.indices(request.session_id)
-        if indices is None and not await self.registry.holds_reservation(request.session_id):
+        listed = await self.blocks.listing(request.session_id)
+        if listed is None and not await self.registry.holds_reservation(request.session_id):
             raise NotFoundError(
                 f"session {request.session_id!r} has no committed blocks and no reservation "
                 "(never admitted, or its blocks expired after release)"
             )
-        wanted = [i for i in indices or [] if i >= request.from_block]
+        wanted = [(i, digest) for i, digest in listed or [] if i >= request.from_block]
         batch: list[kvcache_pb2.CommittedBlock] = []
         size = 0
         for start in range(0, len(wanted), FETCH_BLOCKS):
-            for block in await self.blocks.get_range(request.session_id, wanted[start : start + FETCH_BLOCKS]):
+            for block in await self.blocks.read(request.session_id, wanted[start : start + FETCH_BLOCKS]):
                 message = block.to_proto()
                 if batch and size + message.ByteSize() > STREAM_MESSAGE_BYTES:
                     yield kvcache_pb2.GetCommittedBlocksResponse(blocks=batch)

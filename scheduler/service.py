@@ -101,8 +101,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.api_keys = api_keys
         self.sessions: dict[str, SessionRecord] = {}
         self.kvcache = kvcache_pb2_grpc.KVCacheServiceStub(channel(config.kvcache_address))
-        self._workers: dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
-        self._health: dict[str, health_pb2_grpc.HealthStub] = {}
+        self._workers: dict[str, tuple[worker_pb2_grpc.WorkerServiceStub, health_pb2_grpc.HealthStub]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._presets: dict[str, ModelPreset] = {}
         self._side_tasks: set[asyncio.Future[None]] = set()
@@ -159,10 +158,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         return validate_spec(spec, {spec.model: self._preset(spec.model)}, self.config.default_lookahead, ALL_OUTPUTS)
 
     def _worker(self, address: str) -> worker_pb2_grpc.WorkerServiceStub:
+        return self._stubs(address)[0]
+
+    def _stubs(self, address: str) -> tuple[worker_pb2_grpc.WorkerServiceStub, health_pb2_grpc.HealthStub]:
+        """The worker's service and its health checks, over one channel."""
         if address not in self._workers:
             shared = channel(address)
-            self._workers[address] = worker_pb2_grpc.WorkerServiceStub(shared)
-            self._health[address] = health_pb2_grpc.HealthStub(shared)
+            self._workers[address] = (worker_pb2_grpc.WorkerServiceStub(shared), health_pb2_grpc.HealthStub(shared))
         return self._workers[address]
 
     async def _watched(self, address: str, call: Awaitable[T]) -> T:
@@ -170,7 +172,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         stopped answering (a stopped or wedged process) raises `WorkerUnresponsive` within
         about `probe_misses * (probe_interval_s + probe_timeout_s)`, whatever the call's deadline."""
         task = asyncio.ensure_future(call)
-        self._worker(address)
+        health = self._stubs(address)[1]
         misses = 0
         try:
             while True:
@@ -178,9 +180,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
                 if done:
                     return task.result()
                 try:
-                    await self._health[address].Check(
-                        health_pb2.HealthCheckRequest(), timeout=self.config.probe_timeout_s
-                    )
+                    await health.Check(health_pb2.HealthCheckRequest(), timeout=self.config.probe_timeout_s)
                     misses = 0
                 except grpc.aio.AioRpcError:
                     misses += 1
@@ -237,7 +237,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         with tracer("inferix.scheduler").start_as_current_span("scheduler.create_session") as span:
             span.set_attribute("session.id", session_id)
             try:
-                placed = await self._place(record, exclude=[])
+                placed = await self._place(record)
             except PlacementUnavailable:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, unavailable)
                 raise
@@ -413,13 +413,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         record.worker_address = reply.worker.address
         return True
 
-    async def _place(self, record: SessionRecord, exclude: list[str]) -> bool:
+    async def _place(self, record: SessionRecord) -> bool:
         """Admit and open the session on a live worker; False when no live worker has room now.
 
         A worker that cannot be reached is reported to kvcache_svc and skipped, so a departed or
         hung worker never keeps a session (or a client) waiting.
         """
-        excluded = list(exclude)
+        excluded: list[str] = []  # unreachable on this attempt
         while await self._admit(record, excluded):
             try:
                 await self._open_on_worker(record)
@@ -433,6 +433,14 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
                 excluded.append(record.worker_id)
                 record.worker_id = record.worker_address = ""
         return False
+
+    async def _try_place(self, record: SessionRecord) -> bool:
+        """`_place` for a session that waits: kvcache_svc being away is one more reason to wait."""
+        try:
+            return await self._place(record)
+        except PlacementUnavailable as exc:
+            log.warning("session %s waits for placement: %s", record.session_id, exc)
+            return False
 
     async def _report_failure(self, worker_id: str, reason: str) -> None:
         try:
@@ -459,12 +467,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
             ),
         )
         record.next_block = reply.next_block
-        events = sorted(reply.blocks, key=lambda e: e.block_index)
         if record.history_missing:
-            record.restore_history([e for e in events if e.block_index < record.announced_blocks])
-        for event in events:
+            record.restore_history([e for e in reply.blocks if e.block_index < record.announced_blocks])
+        for event in reply.blocks:  # in block order
             self._announce(record, event)
-        await self._persist(record)
 
     def _announce(self, record: SessionRecord, event: common_pb2.BlockEvent) -> None:
         """Publish a block's event once, in order (a block re-made after a failure is not announced again)."""
@@ -520,12 +526,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
                 return common_pb2.SESSION_STATE_CANCELLED, "cancelled while queued"
             if self.stopping:
                 return self._handover(record)
-            try:
-                placed = await self._place(record, exclude=[])
-            except PlacementUnavailable as exc:
-                log.warning("session %s waits for placement: %s", record.session_id, exc)
-                placed = False
-            if not placed:
+            if not await self._try_place(record):
                 await record.wait(self.config.admission_retry_s)
         if record.paused_since is None:
             record.set_state(common_pb2.SESSION_STATE_RUNNING, f"running on {record.worker_id}")
@@ -624,15 +625,11 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         await self._report_failure(failed, f"{_describe(failure)} during a block")
         record.worker_id = record.worker_address = ""
         deadline = time.monotonic() + self.config.block_deadline_s
-        while True:
-            try:
-                if await self._place(record, exclude=[]):
-                    break
-            except PlacementUnavailable as exc:
-                log.warning("session %s waits for placement: %s", record.session_id, exc)
+        while not await self._try_place(record):
             if time.monotonic() > deadline or record.cancel_requested:
                 raise RuntimeError(f"no worker could take over session {record.session_id} after {failed} failed")
             await record.wait(self.config.admission_retry_s)
+        await self._persist(record)
         metrics.RECOVERIES.inc()
         log.info("session %s continues on %s from block %d", record.session_id, record.worker_id, record.next_block)
 

@@ -199,9 +199,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         call = self.kvcache.GetCommittedBlocks(
             kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id), timeout=COMMITTED_FETCH_DEADLINE_S
         )
-        async for reply in call:
+        async for reply in call:  # in block order
             blocks.extend(reply.blocks)
-        return sorted(blocks, key=lambda b: b.block_index)
+        return blocks
 
     async def RunBlock(self, request: worker_pb2.RunBlockRequest, context: Any) -> worker_pb2.RunBlockResponse:
         await self._refuse_while_draining(context)
