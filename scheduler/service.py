@@ -468,7 +468,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
         record.next_block = reply.next_block
         if record.history_missing:
-            record.restore_history([e for e in reply.blocks if e.block_index < record.announced_blocks])
+            record.restore_history(list(reply.blocks))
         for event in reply.blocks:  # in block order
             self._announce(record, event)
 

@@ -206,10 +206,16 @@ class SessionRecord:
         return queue
 
     def restore_history(self, blocks: list[common_pb2.BlockEvent]) -> None:
-        """Put the events of blocks announced by a previous scheduler back at the start of the history
-        (for clients that attach later); nobody attached now is sent them again."""
+        """Put the events of blocks made under a previous scheduler back at the start of the history,
+        before "resumed" (for clients that attach later), and send the ones not yet announced to who
+        is attached now. All of them precede the resume: the old scheduler may have announced a block
+        and died before it persisted that, and a client that saw it must still get "resumed" after it."""
         self.events[:0] = [scheduler_pb2.InteractResponse(session_id=self.session_id, block=b) for b in blocks]
         self.history_missing = False
+        for block in blocks:
+            if block.block_index >= self.announced_blocks:
+                self.announced_blocks = block.block_index + 1
+                self.publish(scheduler_pb2.InteractResponse(block=block), keep=False)
 
     def unsubscribe(self, queue: asyncio.Queue[scheduler_pb2.InteractResponse | None]) -> None:
         if queue in self._subscribers:
