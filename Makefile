@@ -12,7 +12,7 @@ HADOLINT ?= $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("sc
 
 install: system-deps
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
-	$(PIP) install -q -e ".[dev,lvbench]"
+	$(PIP) install -q -e ".[all,dev]"
 	PYTHON=$(PYTHON) bash scripts/install-deploy-tools.sh
 
 system-deps:
@@ -24,9 +24,10 @@ test:
 lint:
 	ruff check .
 	ruff format --check .
-	mypy inferix workers scheduler streamer kvcache_svc lvbench
-	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py
-	mypy bench/streamer.py  # alone: its name clashes with the streamer package
+	lint-imports
+	mypy inferix workers scheduler streamer kvcache_svc lvbench toyworld_lab
+	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py \
+		bench/streaming.py
 	$(MAKE) --no-print-directory buf-lint docker-lint helm-lint
 
 bench:
@@ -36,12 +37,12 @@ bench:
 	$(PYTHON) bench/kvcache.py
 	$(PYTHON) bench/profiler.py
 	$(PYTHON) bench/parallel.py
-	$(PYTHON) bench/streamer.py
+	$(PYTHON) bench/streaming.py
 	$(PYTHON) bench/toyworld.py
 
 # Train the toyworld model from scratch on the CPU (seeded; ~50 min on 2 free cores).
 train-toyworld:
-	$(PYTHON) -m workers.engine.models.toyworld.train --out $(TOYWORLD_OUT)
+	$(PYTHON) -m toyworld_lab.train --out $(TOYWORLD_OUT)
 
 verify-golden:
 	inferix verify-golden tests/golden

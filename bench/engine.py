@@ -17,7 +17,8 @@ from dataclasses import replace
 
 import torch
 
-from workers.engine.config import DIT_PRESETS, SamplingConfig, WanDiTConfig
+from inferix.spec.architectures import DIT_PRESETS, WanDiTConfig
+from inferix.spec.sampling import SamplingConfig
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, SelfAttentionCache
 from workers.engine.models.wan.dit import CausalWanDiT

@@ -18,12 +18,13 @@ import time
 
 import torch
 
+from inferix.spec.architectures import WanDiTConfig
+from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from inferix.store import MemoryStore
 from kvcache_svc.registry import KVReport, Registry
-from workers.engine.config import BlockConfig, SamplingConfig, WanDiTConfig
 from workers.engine.kv.pool import KVPool
 from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.pipeline import BlockDiffusionPipeline, CommittedBlock, PipelineConfig
+from workers.engine.pipeline import BlockDiffusionPipeline, ReplayBlock
 
 
 def sync(device: torch.device) -> None:
@@ -55,7 +56,7 @@ def recovery(pipeline: BlockDiffusionPipeline, lat: tuple[int, int], blocks: int
     prompt = torch.randn(1, pipeline.dit.config.text_len, pipeline.dit.config.text_dim)
     with pipeline.open_session(prompt, *lat, seed=0, num_blocks=blocks + 1) as session:
         committed = [
-            CommittedBlock(b.start_frame, b.latents, prompt) for b in (session.generate_block() for _ in range(blocks))
+            ReplayBlock(b.start_frame, b.latents, prompt) for b in (session.generate_block() for _ in range(blocks))
         ]
     with pipeline.open_session(prompt, *lat, seed=0, num_blocks=blocks + 1) as session:
         sync(pipeline.device)

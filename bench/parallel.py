@@ -31,8 +31,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from inferix.spec.architectures import WAN21_T2V_1_3B, WAN21_T2V_14B
+from inferix.spec.sampling import BlockConfig
 from workers.engine.attention.backends import AttentionBackend
-from workers.engine.config import WAN21_T2V_1_3B, WAN21_T2V_14B, BlockConfig
 from workers.engine.kv.pool import KVPool, KVPoolSpec
 from workers.engine.parallel.comm import CommCounter
 from workers.engine.parallel.context import SequenceParallel

@@ -25,15 +25,15 @@ import torch
 
 from inferix.profiling import Profiler, profile
 from inferix.profiling.monitors import ProcessMonitor
+from workers.engine.engine import Engine
 from workers.engine.model_dir import load_model
-from workers.engine.video import VideoGenerator
 
 
-def generate(generator: VideoGenerator, blocks: int, enabled: bool) -> float:
+def generate(generator: Engine, blocks: int, enabled: bool) -> float:
     profiler = Profiler(enabled=enabled, fps=generator.model.fps, label="bench")
     started = time.perf_counter()
     with generator.open("a red ball", seed=0, num_blocks=blocks) as video, profiler.session():
-        profiler.add_gauge("kv_pages", lambda: float(video.session.cache.usage().device_pages))
+        profiler.add_gauge("kv_pages", lambda: float(video.kv_usage().device_pages))
         for index in range(blocks):
             with profiler.block(index) as scope:
                 scope.pixel_frames = video.next_block().frames.shape[0]
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    generator = VideoGenerator(load_model("tiny"))
+    generator = Engine(load_model("tiny"))
     generate(generator, 1, True)  # warm-up (imports, allocator)
     off, on = [], []
     for _ in range(args.repeats):
@@ -94,7 +94,7 @@ def main() -> None:
     print(f"end to end on/off: {ratio:.4f}x (ratio of medians), {pairs:.4f}x (median of paired ratios)")
 
     costs = direct_costs(calls=100_000)
-    steps = len(generator.pipeline.timesteps)
+    steps = generator.denoising_steps
     regions_per_block = steps + 2  # denoise steps, context pass, VAE decode (text encode: per prompt)
     block_s = statistics.median(off) / args.blocks
     samples_per_block = block_s / 0.2  # the monitor thread samples every 0.2 s

@@ -7,7 +7,7 @@
 Prompt following: the colour of the object read from the pixels of 4 blocks, for 16 fixed prompts
 (every colour, both shapes, one and two objects, every motion), and for 8 colour changes at
 block 4 of 8 whether the new colour shows within two blocks and holds to the end.
-Speed: pixel frames per second of `VideoSession` (text encode, DiT blocks with the KV cache,
+Speed: pixel frames per second of `EngineSession` (text encode, DiT blocks with the KV cache,
 streaming VAE decode) with one torch thread, as a ratio to the 16 fps the video plays at.
 Drift: for a fixed set of prompts, one video of `--seconds` each; every block is read from its
 pixels (object present, centroid on screen, colour = the prompt's, object area) and set side by
@@ -30,8 +30,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from workers.engine.model_dir import load_model
-from workers.engine.models.toyworld.evaluate import (
+from toyworld_lab.evaluate import (
     PROMPT_SET,
     BlockStats,
     generate_blocks,
@@ -39,8 +38,9 @@ from workers.engine.models.toyworld.evaluate import (
     simulator_stats,
     video_stats,
 )
-from workers.engine.models.toyworld.world import SceneSpec
-from workers.engine.video import VideoGenerator
+from toyworld_lab.world import SceneSpec
+from workers.engine.engine import Engine
+from workers.engine.model_dir import load_model
 
 SCENES = [
     SceneSpec("red", "ball", 1, "bouncing to the right"),
@@ -58,7 +58,7 @@ def blocks_for(seconds: float, fps: int, latent_frames: int, temporal_factor: in
     return 1 + max(0, math.ceil((seconds * fps - first) / (temporal_factor * latent_frames)))
 
 
-def measure_speed(generator: VideoGenerator, blocks: int) -> tuple[float, int, float]:
+def measure_speed(generator: Engine, blocks: int) -> tuple[float, int, float]:
     began = time.perf_counter()
     frames = sum(f.shape[0] for f in generate_blocks(generator, SCENES[0].prompt(), blocks, seed=0))
     seconds = time.perf_counter() - began
@@ -87,7 +87,7 @@ def main() -> int:
         pipeline = model.preset.pipeline
         windowed = replace(pipeline.block, local_attn_size=args.window)
         model = replace(model, preset=replace(model.preset, pipeline=replace(pipeline, block=windowed)))
-    generator = VideoGenerator(model)
+    generator = Engine(model)
     fps = model.fps
 
     measure_speed(generator, 2)  # warm-up

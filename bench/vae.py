@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from workers.engine.models.wan.vae import WanVAE, WanVAEConfig
+from inferix.spec.architectures import WanVAEConfig
+from workers.engine.models.wan.vae import WanVAE
 
 MiB = 2**20
 

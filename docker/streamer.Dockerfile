@@ -1,21 +1,15 @@
 # Streamer: frame ingest, H.264 encode (libx264 from the PyAV wheel), MP4 recordings. CPU only.
 #   docker build -f docker/streamer.Dockerfile -t inferix/streamer .
-# The package depends on PyTorch: its CPU build is installed first, so no CUDA libraries come in.
+# No PyTorch: only the ground layer (inferix/) and this service's package, with the base dependencies
+# and the `streamer` extra of pyproject.toml.
 FROM python:3.11.11-slim-bookworm AS build
-ARG TORCH_VERSION=2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PATH=/opt/venv/bin:$PATH
-RUN python -m venv /opt/venv \
-    && pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"
+RUN python -m venv /opt/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY inferix/ inferix/
-COPY scheduler/ scheduler/
-COPY workers/ workers/
-COPY kvcache_svc/ kvcache_svc/
 COPY streamer/ streamer/
-COPY lvbench/ lvbench/
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir "./[streamer]"
 
 FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="inferix-streamer" \

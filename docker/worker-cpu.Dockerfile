@@ -1,6 +1,7 @@
 # Worker on CPU: loads a model once and runs block jobs (tests, CPU-only clusters, the built-in toyworld model).
 #   docker build -f docker/worker-cpu.Dockerfile -t inferix/worker-cpu .
-# The package depends on PyTorch: its CPU build is installed first, so no CUDA libraries come in.
+# PyTorch's CPU build is installed first, from its own index, so no CUDA libraries come in; then the
+# ground layer (inferix/) and the worker's package with the `worker` extra of pyproject.toml.
 FROM python:3.11.11-slim-bookworm AS build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
@@ -10,12 +11,8 @@ RUN python -m venv /opt/venv \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY inferix/ inferix/
-COPY scheduler/ scheduler/
 COPY workers/ workers/
-COPY kvcache_svc/ kvcache_svc/
-COPY streamer/ streamer/
-COPY lvbench/ lvbench/
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir "./[worker]"
 
 FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="inferix-worker-cpu" \

@@ -3,7 +3,8 @@
 #   docker build -f docker/worker-cuda.Dockerfile -t inferix/worker-cuda .
 # The CUDA base image brings the NVIDIA container runtime settings; the PyTorch CUDA wheels bring
 # their own CUDA libraries, so the small `base` flavour is enough. The host needs a driver that
-# supports the CUDA version of TORCH_INDEX_URL. Python is a uv-managed CPython (standalone build).
+# supports the CUDA version of TORCH_INDEX_URL; torch from there satisfies the `worker` extra, which
+# brings the rest. Python is a uv-managed CPython (standalone build).
 FROM ghcr.io/astral-sh/uv:0.6.14 AS uv
 
 FROM nvidia/cuda:12.8.1-base-ubuntu24.04 AS build
@@ -18,12 +19,8 @@ RUN uv venv --python "${PYTHON_VERSION}" /opt/venv \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY inferix/ inferix/
-COPY scheduler/ scheduler/
 COPY workers/ workers/
-COPY kvcache_svc/ kvcache_svc/
-COPY streamer/ streamer/
-COPY lvbench/ lvbench/
-RUN uv pip install --python /opt/venv/bin/python .
+RUN uv pip install --python /opt/venv/bin/python "./[worker]"
 
 FROM nvidia/cuda:12.8.1-base-ubuntu24.04
 LABEL org.opencontainers.image.title="inferix-worker-cuda" \

@@ -17,6 +17,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+# Span attributes, the same keys in every service (and in the profiler's OTLP export), so that one
+# query finds a session's spans end to end.
+SESSION_ID_ATTR = "inferix.session_id"
+BLOCK_INDEX_ATTR = "inferix.block_index"
+WORKER_ID_ATTR = "inferix.worker_id"
+
 _configured = False
 
 

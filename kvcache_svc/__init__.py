@@ -1,4 +1,9 @@
-"""kvcache_svc: the KV capacity registry, admission control and committed-block store.
+"""kvcache_svc: where sessions run and where their state lives -- placement, KV tiers, committed blocks.
+
+It owns three things: placement (the worker registry and admission: which worker has room for a
+session), the KV tiers (when a session's pages go to host memory and back: the offload decisions;
+workers do the copying), and committed-block storage (the clean latents another worker rebuilds a
+session from). KV pages themselves stay in the workers' pools.
 
 Workers register their KV pool and heartbeat its usage; the scheduler asks `Admit` for a worker
 with room for a session and `Release`s it when the session ends; workers commit each block's

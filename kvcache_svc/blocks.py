@@ -18,62 +18,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-from dataclasses import dataclass
 
-from inferix.api.v1 import kvcache_pb2
+from inferix.spec.blocks import CommittedBlock
 from inferix.store import Store, StoreError
 from kvcache_svc.errors import AlreadyCommittedError, InvalidRequestError
 from kvcache_svc.registry import require_id
 
 BLOCKS_PREFIX = "kvcache/blocks/"
-FLOAT32_BYTES = 4
 MIN_TTL_S = 0.001  # a key about to expire keeps a positive TTL when copied to a new key
 
 
-@dataclass(frozen=True)
-class CommittedBlock:
-    """Clean latents of one block; shape [frames, channels, height, width], float32 little-endian."""
-
-    block_index: int
-    start_frame: int
-    shape: tuple[int, ...]
-    latents: bytes
-    prompt: str = ""
-
-    def validate(self, session_id: str) -> None:
-        where = f"block {self.block_index} of session {session_id!r}"
-        if len(self.shape) != 4 or min(self.shape) < 1:
-            raise InvalidRequestError(
-                f"{where}: shape must be [frames, channels, height, width] with every dimension >= 1, "
-                f"got {list(self.shape)}"
-            )
-        expected = FLOAT32_BYTES * math.prod(self.shape)
-        if len(self.latents) != expected:
-            raise InvalidRequestError(
-                f"{where}: latents hold {len(self.latents)} bytes but shape {list(self.shape)} of float32 "
-                f"needs {expected}"
-            )
-
-    def to_proto(self) -> kvcache_pb2.CommittedBlock:
-        return kvcache_pb2.CommittedBlock(
-            block_index=self.block_index,
-            start_frame=self.start_frame,
-            shape=list(self.shape),
-            latents=self.latents,
-            prompt=self.prompt,
-        )
-
-    @classmethod
-    def from_proto(cls, message: kvcache_pb2.CommittedBlock) -> CommittedBlock:
-        return cls(message.block_index, message.start_frame, tuple(message.shape), message.latents, message.prompt)
-
-    def encode(self) -> bytes:
-        return self.to_proto().SerializeToString(deterministic=True)
-
-    @classmethod
-    def decode(cls, data: bytes) -> CommittedBlock:
-        return cls.from_proto(kvcache_pb2.CommittedBlock.FromString(data))
+def validate_block(block: CommittedBlock, session_id: str) -> None:
+    """Refuse a malformed block before it is stored (INVALID_ARGUMENT, naming the block)."""
+    problem = block.problem()
+    if problem is not None:
+        raise InvalidRequestError(f"block {block.block_index} of session {session_id!r}: {problem}")
 
 
 def _index_key(session_id: str) -> str:
@@ -101,7 +60,7 @@ class BlockStore:
     async def commit(self, session_id: str, block: CommittedBlock) -> bool:
         """Store `block`; True when it is new, False when the same content was already there."""
         require_id("session_id", session_id)
-        block.validate(session_id)
+        validate_block(block, session_id)
         payload = block.encode()
         digest = hashlib.sha256(payload).hexdigest()[:32]
         index_key = _index_key(session_id)

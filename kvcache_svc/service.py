@@ -17,9 +17,10 @@ import grpc
 
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
 from inferix.server import Registration
+from inferix.spec.blocks import CommittedBlock
 from inferix.store import Store, StoreConflictError, StoreError, StoreUnavailableError
 from kvcache_svc import metrics
-from kvcache_svc.blocks import BlockStore, CommittedBlock
+from kvcache_svc.blocks import BlockStore
 from kvcache_svc.errors import (
     AlreadyCommittedError,
     InvalidRequestError,

@@ -17,11 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from inferix.client import PromptChange
 from inferix.errors import UserError
+from inferix.spec.schedule import MAX_PROMPT_CHANGES, PromptChange
 from lvbench.dataset import VideoAnnotation
-
-MAX_PROMPT_CHANGES = 64  # what the scheduler accepts per session
 
 
 @dataclass(frozen=True)
@@ -39,7 +37,7 @@ class BlockTiming:
     @classmethod
     def from_preset(cls, model: str) -> BlockTiming:
         """The timing of a model preset shipped with Inferix (`workers/engine/presets/<model>.yaml`)."""
-        from workers.engine.presets import load_preset
+        from inferix.spec.presets import load_preset
 
         preset = load_preset(model)
         latent = preset.pipeline.block.num_frame_per_block

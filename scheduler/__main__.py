@@ -76,8 +76,9 @@ def main() -> None:
     from inferix.store import open_store
     from inferix.viewer_token import load_viewer_tokens
     from scheduler.auth import ApiKeys
+    from scheduler.config import SchedulerConfig
     from scheduler.playback import Playback, PlaybackConfig
-    from scheduler.service import SchedulerConfig, SchedulerService, add_to_server
+    from scheduler.rpc import add_to_server, create_servicer
     from scheduler.streamer_link import StreamerLink
     from scheduler.viewer_gateway import ViewerGateway
 
@@ -104,10 +105,10 @@ def main() -> None:
     gateway = ViewerGateway(tokens)
 
     def register(server: grpc.aio.Server) -> Registration:
-        service = SchedulerService(config, store, keys)
-        gateway.bind(service.sessions, keys)
-        link.bind(service.sessions)
-        registration = add_to_server(server, service)
+        servicer = create_servicer(config, store, keys)
+        gateway.bind(servicer.table.records, keys)
+        link.bind(servicer.table.records)
+        registration = add_to_server(server, servicer)
         previous = registration.on_start
 
         async def on_start(port: int) -> None:

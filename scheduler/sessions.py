@@ -217,6 +217,13 @@ class SessionRecord:
                 self.announced_blocks = block.block_index + 1
                 self.publish(scheduler_pb2.InteractResponse(block=block), keep=False)
 
+    def announce(self, event: common_pb2.BlockEvent) -> None:
+        """Publish a block's event once, in order (a block re-made after a failure is not announced again)."""
+        if event.block_index < self.announced_blocks:
+            return
+        self.announced_blocks = event.block_index + 1
+        self.publish(scheduler_pb2.InteractResponse(block=event))
+
     def unsubscribe(self, queue: asyncio.Queue[scheduler_pb2.InteractResponse | None]) -> None:
         if queue in self._subscribers:
             self._subscribers.remove(queue)

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 from inferix.api.v1 import common_pb2
 from inferix.errors import UserError
-from workers.engine.presets import ModelPreset
-from workers.engine.sizing import SessionShape, session_shape
+from inferix.spec import schedule
+from inferix.spec.presets import ModelPreset
+from inferix.spec.sizing import SessionShape, session_shape
 
-MAX_PROMPT_BYTES = 2048
-MAX_PROMPT_CHANGES = 64
 MAX_BLOCKS = 100_000
 MAX_LOOKAHEAD = 64
 ALL_OUTPUTS = frozenset({"mp4", "rtmp", "webrtc"})
@@ -32,14 +31,11 @@ class InvalidRequest(UserError):
 
 
 def check_prompt_text(text: str, field: str) -> str:
-    if not text.strip():
-        raise InvalidRequest(f"{field}: the prompt is empty; describe what the video should show")
-    size = len(text.encode("utf-8"))
-    if size > MAX_PROMPT_BYTES:
-        raise InvalidRequest(f"{field}: the prompt is {size} bytes; the limit is {MAX_PROMPT_BYTES} bytes")
-    if "\x00" in text:
-        raise InvalidRequest(f"{field}: the prompt contains a NUL character")
-    return text
+    """`text` if it can be a prompt (`InvalidRequest` naming `field` otherwise)."""
+    try:
+        return schedule.check_prompt_text(text, field)
+    except UserError as exc:
+        raise InvalidRequest(str(exc)) from exc
 
 
 @dataclass(frozen=True)
@@ -75,21 +71,11 @@ def validate_spec(
     except UserError as exc:
         field = "spec.num_blocks" if "blocks" in str(exc) and "resolution" not in str(exc) else "spec.resolution"
         raise InvalidRequest(f"{field}: {exc}") from exc
-    if not spec.prompts:
-        raise InvalidRequest("spec.prompts: at least one prompt is required (at_block 0)")
-    if len(spec.prompts) > MAX_PROMPT_CHANGES:
-        raise InvalidRequest(f"spec.prompts: {len(spec.prompts)} entries; the limit is {MAX_PROMPT_CHANGES}")
-    previous = -1
-    for i, change in enumerate(spec.prompts):
-        field = f"spec.prompts[{i}]"
-        if i == 0 and change.at_block != 0:
-            raise InvalidRequest(f"{field}.at_block: the first prompt must apply at block 0, got {change.at_block}")
-        if change.at_block <= previous:
-            raise InvalidRequest(f"{field}.at_block: must be greater than {previous} (strictly increasing)")
-        if num_blocks is not None and change.at_block >= num_blocks:
-            raise InvalidRequest(f"{field}.at_block: {change.at_block} is not below spec.num_blocks={num_blocks}")
-        check_prompt_text(change.text, f"{field}.text")
-        previous = change.at_block
+    changes = [schedule.PromptChange(c.at_block, c.text, c.recache) for c in spec.prompts]
+    try:
+        schedule.validate_schedule(changes, num_blocks, field="spec.prompts")
+    except UserError as exc:
+        raise InvalidRequest(str(exc)) from exc
     if spec.lookahead > MAX_LOOKAHEAD:
         raise InvalidRequest(f"spec.lookahead: {spec.lookahead} is above the limit {MAX_LOOKAHEAD} (0 = default)")
     for name, hint in _OUTPUT_HINTS.items():

@@ -2,7 +2,7 @@
 # System packages the test suite and the demo need (Debian/Ubuntu). Idempotent: skips what is there.
 set -euo pipefail
 
-# ffmpeg: ffprobe checks recordings and plays RTMP; chromium: the viewer-page tests and bench/streamer.py
+# ffmpeg: ffprobe checks recordings and plays RTMP; chromium: the viewer-page tests and bench/streaming.py
 # (driven by Playwright, never a downloaded browser); nginx + libnginx-mod-rtmp: the local RTMP server
 # `inferix serve` and the RTMP tests start as a child process with a generated config.
 packages=(ffmpeg chromium redis-server nginx libnginx-mod-rtmp)

@@ -50,6 +50,7 @@ from typing import Protocol
 from opentelemetry import trace
 from opentelemetry.context import Context
 
+from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR
 from inferix.telemetry import tracer as get_tracer
 from streamer import metrics
 from streamer.packets import EncodedPacket, LivePacket, StreamFormat
@@ -450,8 +451,8 @@ class Pacer:
             context=span.parent,
             start_time=span.start_ns,
             attributes={
-                "inferix.session_id": self.session_id,
-                "inferix.block_index": span.block_index,
+                SESSION_ID_ATTR: self.session_id,
+                BLOCK_INDEX_ATTR: span.block_index,
                 "inferix.first_frame": span.first_frame,
                 "inferix.frames": span.frames,
                 "inferix.underruns": span.underruns,

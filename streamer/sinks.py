@@ -14,8 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-import av
-
+from inferix.media import Mp4Writer
 from streamer.packets import EncodedPacket, StreamFormat
 
 
@@ -32,11 +31,12 @@ class PacketSink(Protocol):
 
 
 class Mp4Recorder:
-    """Muxes the session's packets, unchanged, into an MP4 file.
+    """Records the session's packets, unchanged, into an MP4 file (`inferix.media.Mp4Writer`).
 
     The file is written as `<name>.part` and renamed when closed, so a complete-looking `.mp4`
     is always a finalized one. `faststart` moves the index to the front on close, so a browser
-    can start playing the download before it has all of it.
+    can start playing the download before it has all of it. A session that never had a packet
+    leaves no file.
     """
 
     name = "mp4"
@@ -44,35 +44,10 @@ class Mp4Recorder:
     def __init__(self, path: Path, fmt: StreamFormat) -> None:
         self.path = path
         self.format = fmt
-        self._partial = path.with_name(path.name + ".part")
-        self._container: av.container.OutputContainer | None = None
-        self._stream: av.stream.Stream | None = None
-
-    def _open(self) -> tuple[av.container.OutputContainer, av.stream.Stream]:
-        self._partial.parent.mkdir(parents=True, exist_ok=True)
-        container = av.open(str(self._partial), "w", format="mp4", options={"movflags": "+faststart"})
-        # A stream without a codec context: PyAV takes the SPS/PPS (avcC) from the first keyframe.
-        stream = container.add_mux_stream(
-            "h264", rate=self.format.rate, width=self.format.width, height=self.format.height
-        )
-        stream.time_base = self.format.time_base
-        return container, stream
+        self._writer = Mp4Writer.for_packets(path, fmt.width, fmt.height, fmt.rate, partial=True, faststart=True)
 
     def write(self, packet: EncodedPacket) -> None:
-        if self._container is None or self._stream is None:
-            self._container, self._stream = self._open()
-        out = av.Packet(packet.data)
-        out.pts = packet.pts
-        out.dts = packet.dts
-        out.duration = packet.duration
-        out.time_base = self.format.time_base
-        out.is_keyframe = packet.keyframe
-        out.stream = self._stream
-        self._container.mux(out)
+        self._writer.write_packet(packet.data, packet.pts, packet.dts, packet.duration, packet.keyframe)
 
     def close(self) -> None:
-        if self._container is None:
-            return  # no packet ever arrived: there is nothing to record
-        self._container.close()
-        self._container = self._stream = None
-        self._partial.replace(self.path)
+        self._writer.close()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from opentelemetry import trace
 from opentelemetry.context import Context
 
+from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR
 from inferix.telemetry import tracer as get_tracer
 from streamer.encoder import LIBX264, H264Encoder
 from streamer.errors import EncoderFailed
@@ -179,8 +180,8 @@ class EncodedStream:
             context=block.parent,
             start_time=block.start_ns,
             attributes={
-                "inferix.session_id": self.session_id,
-                "inferix.block_index": block.block_index,
+                SESSION_ID_ATTR: self.session_id,
+                BLOCK_INDEX_ATTR: block.block_index,
                 "inferix.first_frame": block.first_frame,
                 "inferix.frames": block.frames,
                 "inferix.encode_seconds": block.encode_s,

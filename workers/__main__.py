@@ -24,7 +24,7 @@ from workers.pod import add_parallel_arguments, rank, world_size
 
 if TYPE_CHECKING:
     from workers.engine.model_dir import LoadedModel
-    from workers.engine.parallel.runner import PodDriver
+    from workers.engine.parallel.pod_driver import PodDriver
 
 
 def parse_args() -> argparse.Namespace:

@@ -26,15 +26,15 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from inferix.spec.sizing import native_latent_size
 from workers.engine.kv.pool import KVPool
 from workers.engine.model_dir import LoadedModel, load_model
 from workers.engine.parallel.context import SequenceParallel
 from workers.engine.parallel.cost import DEFAULT_CONTEXT_FRAMES, ParallelConfig, PlanChoice, WorkloadShape, choose_plan
 from workers.engine.parallel.plan import STRATEGIES
-from workers.engine.parallel.run import init_distributed, serve_pod
-from workers.engine.parallel.runner import PodDriver, PodEngine
+from workers.engine.parallel.pod_driver import PodDriver, PodEngine
+from workers.engine.parallel.pod_main import init_distributed, serve_pod
 from workers.engine.pipeline import BlockDiffusionPipeline
-from workers.engine.sizing import native_latent_size
 
 log = logging.getLogger("inferix.worker.pod")
 

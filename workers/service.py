@@ -19,14 +19,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
-import torch
 
 from inferix.api.v1 import (
     common_pb2,
@@ -40,20 +39,21 @@ from inferix.api.v1 import (
 from inferix.errors import UserError
 from inferix.profiling import Profiler
 from inferix.server import Registration, channel
-from inferix.telemetry import tracer
+from inferix.spec.blocks import CommittedBlock
+from inferix.spec.sizing import session_shape
+from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from workers import metrics
+from workers.engine.engine import Engine, EngineSession, VideoBlock
 from workers.engine.kv.errors import KVCapacityError
 from workers.engine.kv.pool import KVPool
 from workers.engine.model_dir import LoadedModel
-from workers.engine.parallel.runner import PodDriver
-from workers.engine.sizing import session_shape
-from workers.engine.video import VideoBlock, VideoGenerator, VideoSession
+from workers.engine.parallel.pod_driver import PodDriver
 from workers.pod import worker_pool
 
 log = logging.getLogger("inferix.worker")
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 INTERNAL_DEADLINE_S = 30.0
-COMMITTED_FETCH_DEADLINE_S = 600.0  # a long session's latents are many messages
+COMMITTED_PAGE_DEADLINE_S = 60.0  # one page of committed blocks (~4 MiB)
 AWAY_RETRY_S = 60.0  # how long frames and commits wait for a restarting streamer / kvcache_svc
 
 
@@ -73,7 +73,7 @@ class BlockOutOfOrder(Exception):
 
 @dataclass
 class _Session:
-    video: VideoSession
+    video: EngineSession
     streamer: streamer_pb2_grpc.StreamerServiceStub
     fps: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -83,22 +83,6 @@ class _Session:
     events: list[common_pb2.BlockEvent] = field(default_factory=list)
 
 
-def latents_to_proto(block: VideoBlock) -> kvcache_pb2.CommittedBlock:
-    latents = block.latents[0].contiguous().numpy().astype("<f4")
-    return kvcache_pb2.CommittedBlock(
-        block_index=block.index,
-        start_frame=block.start_frame,
-        shape=list(latents.shape),
-        latents=latents.tobytes(),
-        prompt=block.prompt,
-    )
-
-
-def latents_from_proto(block: kvcache_pb2.CommittedBlock) -> torch.Tensor:
-    array = np.frombuffer(block.latents, dtype="<f4").reshape(tuple(block.shape))
-    return torch.from_numpy(array.copy()).unsqueeze(0)
-
-
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     """The worker's RPCs over one loaded model; with `driver`, rank 0 of a sequence-parallel pod."""
 
@@ -106,10 +90,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.model = model
         self.config = config
         if driver is None:
-            self.generator = VideoGenerator(model, worker_pool(model, config.kv_pages))
+            self.engine = Engine(model, worker_pool(model, config.kv_pages))
         else:  # the pod's pool was built on every rank with the pod (rank 0's shard here)
-            self.generator = VideoGenerator(model, driver=driver)
-        pool = self.generator.pipeline.pool
+            self.engine = Engine(model, driver=driver)
+        pool = self.engine.pool
         assert pool is not None
         self.pool: KVPool = pool
         self.sessions: dict[str, _Session] = {}
@@ -145,7 +129,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 if request.session_id in self.sessions:  # opened by a concurrent call meanwhile
                     return self._opened(self.sessions[request.session_id], request.announced_blocks)
                 video = await asyncio.to_thread(
-                    self.generator.open,
+                    self.engine.open,
                     spec.prompts[0].text,
                     width=spec.resolution.width,
                     height=spec.resolution.height,
@@ -155,23 +139,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 )
         except UserError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        committed = await self._committed_blocks(request.session_id)
-        events: list[common_pb2.BlockEvent] = []
-        if committed:
-            restore = [(b.start_frame, latents_from_proto(b), b.prompt) for b in committed]
-            async with self.engine_lock:
-                began = time.perf_counter()
-                frames = await asyncio.to_thread(video.restore, restore)
-            log.info(
-                "session %s restored from %d committed blocks in %.2fs",
-                request.session_id,
-                len(committed),
-                time.perf_counter() - began,
-            )
-            first = 0
-            for block, count in zip(committed, frames, strict=True):
-                events.append(self._block_event(block.block_index, first, count, block.prompt))
-                first += count
+        events = await self._restore(video, request.session_id)
         session = _Session(video, self._streamer(request.streamer_address), self.model.fps, events=events)
         self.sessions[request.session_id] = session
         metrics.SESSIONS.set(len(self.sessions))
@@ -193,15 +161,48 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             worker_id=self.config.worker_id,
         )
 
-    async def _committed_blocks(self, session_id: str) -> list[kvcache_pb2.CommittedBlock]:
-        """Every committed block of the session, in order (streamed: a long session is many messages)."""
-        blocks: list[kvcache_pb2.CommittedBlock] = []
-        call = self.kvcache.GetCommittedBlocks(
-            kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id), timeout=COMMITTED_FETCH_DEADLINE_S
-        )
-        async for reply in call:  # in block order
-            blocks.extend(reply.blocks)
-        return blocks
+    async def _restore(self, video: EngineSession, session_id: str) -> list[common_pb2.BlockEvent]:
+        """Continue `video` from the session's committed blocks; the events of the blocks restored.
+
+        The history is replayed one stream message (a few MiB) at a time, so a worker restores a
+        session of any length without holding all its latents."""
+        events: list[common_pb2.BlockEvent] = []
+        began = time.perf_counter()
+        first_frame = 0
+        async for chunk in self._committed_chunks(session_id):
+            async with self.engine_lock:
+                frames = await asyncio.to_thread(video.restore, chunk, from_start=not events)
+            for block, count in zip(chunk, frames, strict=True):
+                events.append(self._block_event(block.block_index, first_frame, count, block.prompt))
+                first_frame += count
+        if events:
+            log.info("session %s restored from %d committed blocks in %.2fs", session_id, len(events),
+                     time.perf_counter() - began)  # fmt: skip
+        return events
+
+    async def _committed_chunks(
+        self, session_id: str, before_block: int | None = None
+    ) -> AsyncIterator[list[CommittedBlock]]:
+        """The session's committed blocks in order, a page (one stream message) at a time, each page
+        its own call: a replay that takes long between pages never runs into a stream deadline."""
+        from_block = 0
+        while before_block is None or from_block < before_block:
+            call = self.kvcache.GetCommittedBlocks(
+                kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id, from_block=from_block),
+                timeout=COMMITTED_PAGE_DEADLINE_S,
+            )
+            page = await call.read()
+            call.cancel()
+            if page is grpc.aio.EOF or not page.blocks:
+                return
+            chunk = [
+                CommittedBlock.from_proto(b)
+                for b in page.blocks
+                if before_block is None or b.block_index < before_block
+            ]
+            if chunk:
+                yield chunk
+            from_block = page.blocks[-1].block_index + 1
 
     async def RunBlock(self, request: worker_pb2.RunBlockRequest, context: Any) -> worker_pb2.RunBlockResponse:
         await self._refuse_while_draining(context)
@@ -230,7 +231,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     f"block_index {request.block_index}: the session's next block is {video.next_block_index}"
                 )
             with tracer("inferix.worker").start_as_current_span(
-                "worker.block", attributes={"session.id": request.session_id, "block.index": request.block_index}
+                "worker.block", attributes={SESSION_ID_ATTR: request.session_id, BLOCK_INDEX_ATTR: request.block_index}
             ):
                 async with self.engine_lock:
                     if request.prompt and request.prompt != video.prompt_text:
@@ -264,7 +265,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"session {request.session_id!r} is not open on this worker")
         assert session is not None
         async with self.engine_lock:
-            await asyncio.to_thread(session.video.session.cache.prefetch)
+            await asyncio.to_thread(session.video.prefetch)
         return worker_pb2.PrefetchSessionResponse()
 
     async def offload(self, session_ids: list[str]) -> None:
@@ -274,19 +275,18 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             if session is None or session.lock.locked():  # gone, or running a block right now
                 continue
             async with self.engine_lock:
-                cache = session.video.session.cache
                 try:
-                    await asyncio.to_thread(cache.offload)
+                    await asyncio.to_thread(session.video.offload)
                 except KVCapacityError as exc:
                     log.warning("cannot offload %s: %s", session_id, exc)
                     continue
             metrics.OFFLOADS.inc()
-            log.info("offloaded session %s to host memory (%d pages)", session_id, cache.usage().host_pages)
+            log.info("offloaded session %s to host memory (%d pages)", session_id, session.video.kv_usage().host_pages)
 
     def session_reports(self) -> list[kvcache_pb2.SessionKVReport]:
         reports = []
         for session_id, session in self.sessions.items():
-            usage = session.video.session.cache.usage()
+            usage = session.video.kv_usage()
             reports.append(
                 kvcache_pb2.SessionKVReport(
                     session_id=session_id,
@@ -380,20 +380,21 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         """Re-send the session's video up to `before_block` to a streamer that restarted: its committed
         latents decoded again from the start (recovery by recompute, for the recording)."""
         began = time.perf_counter()
-        committed = [b for b in await self._committed_blocks(session_id) if b.block_index < before_block]
-        latents = [latents_from_proto(b) for b in committed]
-        async with self.engine_lock:
-            decoded = await asyncio.to_thread(lambda: list(session.video.decode_from_start(latents)))
-        first = 0
-        for block, rgb in zip(committed, decoded, strict=True):
-            await self._push(session, session_id, block.block_index, first, rgb, backfill=True)
-            first += rgb.shape[0]
-        log.info("re-sent %d blocks (%d frames) of %s to a restarted streamer in %.2fs", len(committed), first,
+        state = session.video.new_redecode_state()
+        blocks = first = 0
+        async for chunk in self._committed_chunks(session_id, before_block):
+            for block in chunk:  # one block's frames in memory at a time
+                async with self.engine_lock:
+                    rgb = await asyncio.to_thread(session.video.redecode, block, state)
+                await self._push(session, session_id, block.block_index, first, rgb, backfill=True)
+                first += rgb.shape[0]
+                blocks += 1
+        log.info("re-sent %d blocks (%d frames) of %s to a restarted streamer in %.2fs", blocks, first,
                  session_id, time.perf_counter() - began)  # fmt: skip
 
     async def _commit(self, session_id: str, block: VideoBlock) -> None:
         """Store the block's latents (commits are idempotent)."""
-        request = kvcache_pb2.CommitBlockRequest(session_id=session_id, block=latents_to_proto(block))
+        request = kvcache_pb2.CommitBlockRequest(session_id=session_id, block=block.committed().to_proto())
 
         async def attempt() -> None:
             try:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from inferix.errors import UserError
-
-_PROMPT_AT = re.compile(r"^(\d+):(.*)$", re.DOTALL)
+from inferix.spec import parse_prompt_schedule
 
 
 def register(subparsers: Any) -> None:
@@ -62,31 +60,12 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def parse_prompt_schedule(first: str, changes: list[str], recache: bool) -> list[Any]:
-    from workers.engine.video import PromptChange, validate_schedule
-
-    schedule = [PromptChange(0, first)]
-    for item in changes:
-        match = _PROMPT_AT.match(item)
-        if match is None:
-            raise UserError(f'--prompt-at must look like 4:"the ball turns green", got {item!r}')
-        schedule.append(PromptChange(int(match.group(1)), match.group(2).strip().strip('"'), recache))
-    return validate_schedule(schedule)
-
-
-def generator_pages(video: Any) -> float:
-    """KV pages the session holds now (sampled by the profiler's monitor thread)."""
-    return float(video.session.cache.usage().device_pages)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.blocks < 1:
         raise UserError(f"--blocks must be at least 1, got {args.blocks}")
     if args.out.suffix.lower() != ".mp4":
         raise UserError(f"--out must end in .mp4, got {args.out}")
-    schedule = parse_prompt_schedule(args.prompt, args.prompt_at, args.recache)
-    if schedule[-1].at_block >= args.blocks:
-        raise UserError(f"--prompt-at block {schedule[-1].at_block} is past the last block ({args.blocks - 1})")
+    schedule = parse_prompt_schedule(args.prompt, args.prompt_at, args.recache, num_blocks=args.blocks)
 
     import numpy as np
     import torch
@@ -94,15 +73,14 @@ def run(args: argparse.Namespace) -> int:
 
     from inferix.media import Mp4Writer
     from inferix.profiling import Profiler
-    from workers.engine.model_dir import load_model
-    from workers.engine.video import VideoGenerator
+    from workers.engine import Engine
 
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     started = time.perf_counter()
-    model = load_model(args.model, dtype=dtype, device=args.device, attention_backend=args.attention)
-    generator = VideoGenerator(model)
+    engine = Engine.load(args.model, dtype=dtype, device=args.device, attention_backend=args.attention)
+    model = engine.model
     width, height = args.width or model.width, args.height or model.height
     changes = {c.at_block: c for c in schedule[1:]}
     profiler = Profiler(enabled=args.profile is not None, fps=model.fps, label=f"{model.name} {width}x{height}")
@@ -111,12 +89,12 @@ def run(args: argparse.Namespace) -> int:
     frames = 0
     digest = hashlib.sha256()  # over the raw frames: the same digest the streamer reports
     with (
-        generator.open(schedule[0].text, width=width, height=height, seed=args.seed, num_blocks=args.blocks) as video,
+        engine.open(schedule[0].text, width=width, height=height, seed=args.seed, num_blocks=args.blocks) as video,
         Mp4Writer(args.out, width, height, model.fps) as writer,
         tqdm(total=args.blocks, unit="block", disable=args.quiet, file=sys.stderr) as bar,
         profiler.session(),
     ):
-        profiler.add_gauge("kv_pool", lambda: {"used_pages": generator_pages(video)})
+        profiler.add_gauge("kv_pool", lambda: {"used_pages": float(video.kv_usage().device_pages)})
         for index in range(args.blocks):
             with profiler.block(index) as scope:
                 if index in changes:

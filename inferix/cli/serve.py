@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from inferix.errors import UserError
 
 if TYPE_CHECKING:
-    from inferix.serve import Mesh
+    from inferix.mesh import Mesh
 
 
 def register(subparsers: Any) -> None:
@@ -78,12 +78,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from inferix.launch import ServiceStartError
-    from inferix.rtmp import RtmpServerError
-    from inferix.serve import MeshConfig, start_mesh
+    from inferix.mesh import MeshConfig, start_mesh
+    from inferix.mesh.launch import ServiceStartError
+    from inferix.mesh.rtmp_relay import RtmpServerError
+    from inferix.mesh.supervisor import RestartPolicy, Supervisor
     from inferix.server import INTERNAL_TOKEN_ENV
-    from inferix.supervisor import RestartPolicy, Supervisor
-    from workers.engine.builtin_models import BUILTIN_MODELS
+    from inferix.spec.presets import BUILTIN_MODELS
 
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, got {args.workers}")

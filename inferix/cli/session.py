@@ -111,16 +111,15 @@ def _command(client: Any, session_id: str, send: Any) -> int:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from inferix.cli.generate import parse_prompt_schedule
-    from inferix.client import Client, PromptChange
+    from inferix.client import Client
+    from inferix.spec import parse_prompt_schedule
 
     client = Client(args.server, api_key=args.api_key, timeout=args.timeout)
     action = args.session_command
     try:
         if action == "create":
-            schedule = parse_prompt_schedule(args.prompt, args.prompt_at, recache=False)
             info = client.create_session(
-                [PromptChange(c.at_block, c.text, c.recache) for c in schedule],
+                parse_prompt_schedule(args.prompt, args.prompt_at, num_blocks=args.blocks or None),
                 model=args.model,
                 width=args.width,
                 height=args.height,

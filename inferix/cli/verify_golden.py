@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workers.engine.golden import DEFAULT_TOLERANCE, find_cases, verify_case
+from inferix.spec.parity import GOLDEN_TOLERANCE
 
 
 def register(subparsers: Any) -> None:
@@ -25,8 +25,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--tolerance",
         type=float,
-        default=DEFAULT_TOLERANCE,
-        help=f"max abs diff allowed (default {DEFAULT_TOLERANCE})",
+        default=GOLDEN_TOLERANCE,
+        help=f"max abs diff allowed (default {GOLDEN_TOLERANCE})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per comparison")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the reference)")
@@ -35,6 +35,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
+
+    from workers.engine.golden import find_cases, verify_case
 
     torch.set_num_threads(args.threads)
     failed = 0

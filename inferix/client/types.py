@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
+from inferix.spec.schedule import PromptChange
 
 SessionStateName = Literal["unspecified", "queued", "running", "paused", "completed", "cancelled", "failed"]
 TERMINAL_STATES = ("completed", "cancelled", "failed")
@@ -17,15 +18,6 @@ def state_name(value: int) -> SessionStateName:
 
 def state_value(name: str) -> int:
     return common_pb2.SessionState.Value(f"SESSION_STATE_{name.upper()}")
-
-
-@dataclass(frozen=True)
-class PromptChange:
-    """`text` from block `at_block` on; `recache` re-encodes the cached frames under it."""
-
-    at_block: int
-    text: str
-    recache: bool = False
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import base64
 import io
 from collections.abc import Callable
 from html import escape
+from pathlib import Path
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -45,6 +46,14 @@ pre { background: #f5f5f5; padding: 1em; overflow-x: auto; font-size: 13px; }
 img.plot { display: block; max-width: 100%; margin: 1em 0 2em; border: 1px solid #ddd; }
 .plot-error { color: #b00; font-weight: bold; }
 """
+
+
+def write_html(report: ProfileReport, path: str | Path) -> Path:
+    """Write the HTML report with its plots (creating its folder); returns the path."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_html(report), encoding="utf-8")
+    return target
 
 
 def render_html(report: ProfileReport) -> str:

@@ -5,7 +5,9 @@ with their real start and end times, nested as the regions were, under the OpenT
 that was current when the profiler started (so a worker's profile hangs under its request's
 trace). Spans are exported once a region's time is known, which on CUDA is after its events
 completed; since children close before their parents, a region tree is held until its root is
-resolved and then exported top-down.
+resolved and then exported top-down. A region's attributes become span attributes; `session`,
+`block` and `worker` get the keys every service uses (`inferix.telemetry`: `inferix.session_id`,
+`inferix.block_index`, `inferix.worker_id`), so one query finds a session's spans end to end.
 
 Metrics: the histogram `inferix.block.latency` (s) and the counter `inferix.pixel_frames` per done
 block, and one histogram `inferix.<metric>` per name given to `Profiler.record`.
@@ -27,6 +29,9 @@ class OtelExporter:
     def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         from opentelemetry import context, metrics, trace
 
+        from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, WORKER_ID_ATTR
+
+        self._span_keys = {"session": SESSION_ID_ATTR, "block": BLOCK_INDEX_ATTR, "worker": WORKER_ID_ATTR}
         self._context = context
         self._trace = trace
         tracer_provider = tracer_provider or trace.get_tracer_provider()
@@ -93,7 +98,7 @@ class OtelExporter:
 
     def _emit(self, record: RegionRecord, parent_context: Any) -> None:
         attributes: dict[str, AttrValue] = {
-            **record.attrs,
+            **{self._span_keys.get(key, key): value for key, value in record.attrs.items()},
             "inferix.thread": record.thread,
             "inferix.rank": record.rank,
             "inferix.self_s": record.self_s,

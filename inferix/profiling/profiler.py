@@ -486,7 +486,9 @@ class Profiler:
         report = self.report()
         stem = Path(directory) / f"profile-rank{self._rank}"
         report.write_json(stem.with_suffix(".json"))
-        report.write_html(stem.with_suffix(".html"))
+        from inferix.profiling.html import write_html  # matplotlib: only paid by who writes HTML
+
+        write_html(report, stem.with_suffix(".html"))
         return report
 
     # -- internals -----------------------------------------------------------------------------

@@ -115,15 +115,6 @@ class ProfileReport:
         target.write_text(self.to_json() + "\n", encoding="utf-8")
         return target
 
-    def write_html(self, path: str | Path) -> Path:
-        """Write the HTML report with its plots (creating its folder); returns the path."""
-        from inferix.profiling.html import render_html  # matplotlib: only paid by who writes HTML
-
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(render_html(self), encoding="utf-8")
-        return target
-
 
 def merge_reports(reports: Sequence[ProfileReport]) -> ProfileReport:
     """Combine the reports of every rank of one worker (one per rank, same world size and fps)."""

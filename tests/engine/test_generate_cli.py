@@ -48,7 +48,7 @@ def test_generate_writes_an_mp4_with_a_prompt_schedule(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--blocks", "0"], "--blocks must be at least 1"),
-        (["--prompt", "   "], "prompt for block 0 is empty"),
+        (["--prompt", "   "], "prompts[0].text: the prompt is empty"),
         (["--width", "100", "--height", "64"], "resolution 100x64 must be positive multiples of 16"),
         (["--model", "/does/not/exist"], "/does/not/exist"),
         (["--prompt-at", "nonsense"], '--prompt-at must look like 4:"the ball turns green"'),

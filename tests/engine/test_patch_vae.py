@@ -9,9 +9,10 @@ import torch
 from safetensors.torch import save_file
 
 from inferix.errors import UserError
-from workers.engine.checkpoint import load_vae
-from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig
-from workers.engine.presets import load_preset
+from inferix.spec.architectures import PatchVAEConfig
+from inferix.spec.presets import load_preset
+from workers.engine.models.autoencoders import load_vae
+from workers.engine.models.patch_vae import PatchVAE
 
 
 def test_streaming_decode_equals_one_shot_and_frames_are_not_compressed_in_time() -> None:

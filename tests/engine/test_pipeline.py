@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inferix.spec.architectures import WanDiTConfig
+from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit, tiny_pipeline
-from workers.engine.config import BlockConfig, SamplingConfig, WanDiTConfig
 from workers.engine.kv import ContiguousKVCache, KVCapacityError, KVPool
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.noise import SeededNoise, draw_seed
-from workers.engine.pipeline import BlockDiffusionPipeline, CommittedBlock, PipelineConfig
+from workers.engine.pipeline import BlockDiffusionPipeline, ReplayBlock
 
 ROLLING = BlockConfig(num_frame_per_block=2, local_attn_size=5, sink_size=1)
 
@@ -38,13 +39,28 @@ def test_block_regenerated_alone_from_stored_latents_equals_the_full_run(block: 
     with pipeline.open_session(embeds, LATENT_H, LATENT_W, seed=3, num_blocks=5) as session:
         full = list(session)
     k = 4
-    committed = [CommittedBlock(b.start_frame, b.latents, embeds) for b in full[:k]]
+    committed = [ReplayBlock(b.start_frame, b.latents, embeds) for b in full[:k]]
     fresh = tiny_pipeline(block)
     with fresh.open_session(embeds, LATENT_H, LATENT_W, seed=3, num_blocks=5) as session:
         session.replay(committed, next_block=k)
         regenerated = session.generate_block()
     assert regenerated.index == k and regenerated.start_frame == full[k].start_frame
     assert torch.equal(regenerated.latents, full[k].latents)
+
+
+def test_a_replay_in_chunks_equals_the_replay_at_once() -> None:
+    """A worker replays a long history one page at a time: the chunks continue each other exactly."""
+    pipeline = tiny_pipeline(ROLLING)
+    embeds = prompt(0)
+    with pipeline.open_session(embeds, LATENT_H, LATENT_W, seed=3, num_blocks=7) as session:
+        full = list(session)
+    committed = [ReplayBlock(b.start_frame, b.latents, embeds) for b in full[:6]]
+    with tiny_pipeline(ROLLING).open_session(embeds, LATENT_H, LATENT_W, seed=3, num_blocks=7) as session:
+        session.generate_block()  # whatever ran before is dropped by the first chunk
+        for first, chunk in ((0, committed[:1]), (1, committed[1:4]), (4, committed[4:])):
+            session.replay(chunk, next_block=first + len(chunk), from_start=first == 0)
+        regenerated = session.generate_block()
+    assert regenerated.index == 6 and torch.equal(regenerated.latents, full[6].latents)
 
 
 def test_paged_cache_equals_the_contiguous_reference_layout_through_the_dit() -> None:

@@ -16,14 +16,14 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from inferix.errors import UserError
-from workers.engine.config import WanDiTConfig
+from inferix.spec.architectures import WanDiTConfig
+from inferix.spec.presets import available_presets, load_preset
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.golden import GoldenCase
 from workers.engine.model_dir import MODEL_YAML, LoadedModel, byte_level_tokenizer, load_model, resolve_model_dir
 from workers.engine.models.wan.vae import to_unit_range
 from workers.engine.noise import RecordedNoise
 from workers.engine.pipeline import BlockDiffusionPipeline
-from workers.engine.presets import available_presets, load_preset
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 TOLERANCE = 1e-5

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from inferix.errors import UserError
+from inferix.spec.presets import load_preset
+from inferix.spec.sampling import BlockConfig, RopeRebase
+from inferix.spec.sizing import session_shape
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_pipeline
-from workers.engine.config import BlockConfig
 from workers.engine.kv import ContiguousKVCache, KVPool
-from workers.engine.models.wan.rope import RopeRebase, rotate_time
+from workers.engine.models.wan.rope import rotate_time
 from workers.engine.noise import SeededNoise
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, CommittedBlock
-from workers.engine.presets import load_preset
-from workers.engine.sizing import session_shape
+from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, ReplayBlock
 
 TABLE = 24
 WINDOW = BlockConfig(num_frame_per_block=3, local_attn_size=9, sink_size=3)
@@ -86,7 +86,7 @@ def test_replay_across_crossings_continues_bit_identically() -> None:
     embeds = prompt(0)
     full = generate(pipeline(), 18)
     for k in (FIRST_CROSSING, 10, 15):  # at a crossing, between crossings, after the second
-        committed = [CommittedBlock(b.start_frame, b.latents, embeds) for b in full[:k]]
+        committed = [ReplayBlock(b.start_frame, b.latents, embeds) for b in full[:k]]
         with pipeline().open_session(embeds, LATENT_H, LATENT_W, seed=7, num_blocks=18) as session:
             session.replay(committed, next_block=k)
             regenerated = [session.generate_block() for _ in range(3)]
@@ -123,7 +123,7 @@ def test_continuation_from_initial_latents_longer_than_the_table() -> None:
         pipe.open_session(embeds, LATENT_H, LATENT_W, seed=7, initial_latents=initial) as prefilled,
         pipe.open_session(embeds, LATENT_H, LATENT_W, seed=7, session_id="replayed") as replayed,
     ):
-        replayed.replay([CommittedBlock(b.start_frame, b.latents, embeds) for b in full])
+        replayed.replay([ReplayBlock(b.start_frame, b.latents, embeds) for b in full])
         assert prefilled.next_frame == replayed.next_frame == 36
         assert prefilled.cache.position_offset == replayed.cache.position_offset == STRIDE
         assert prefilled.cache.frames == replayed.cache.frames

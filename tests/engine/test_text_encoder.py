@@ -15,13 +15,8 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
 from inferix.errors import CheckpointError, UserError
-from workers.engine.models.wan.text_encoder import (
-    PromptEncoder,
-    UMT5Config,
-    UMT5Encoder,
-    _clamp_fp16,
-    relative_position_buckets,
-)
+from inferix.spec.architectures import UMT5Config
+from workers.engine.models.wan.text_encoder import PromptEncoder, UMT5Encoder, _clamp_fp16, relative_position_buckets
 from workers.engine.models.wan.tokenizer import PromptTokenizer, clean_prompt
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

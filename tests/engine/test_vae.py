@@ -12,9 +12,10 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from inferix.errors import CheckpointError
+from inferix.spec.architectures import WanVAEConfig
 from tests.conftest import GOLDEN_CASES, GOLDEN_DIR
-from workers.engine.checkpoint import load_vae
-from workers.engine.models.wan.vae import WanVAE, WanVAEConfig, to_unit_range
+from workers.engine.models.autoencoders import load_vae
+from workers.engine.models.wan.vae import WanVAE, to_unit_range
 
 TINY = WanVAEConfig(dim=4, num_res_blocks=1)
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from workers.engine.config import BlockConfig, SamplingConfig, WanDiTConfig
+from inferix.spec.architectures import WanDiTConfig
+from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.pipeline import BlockDiffusionPipeline, PipelineConfig
+from workers.engine.pipeline import BlockDiffusionPipeline
 
 TINY_DIT = WanDiTConfig(text_len=8, dim=32, ffn_dim=64, freq_dim=16, text_dim=16, num_heads=2, num_layers=2)
 LATENT_H, LATENT_W = 4, 6  # 2x3 = 6 tokens per latent frame

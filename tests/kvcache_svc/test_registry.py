@@ -8,8 +8,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from inferix.spec.blocks import CommittedBlock
 from inferix.store import Store, open_store
-from kvcache_svc.blocks import BlockStore, CommittedBlock
+from kvcache_svc.blocks import BlockStore
 from kvcache_svc.errors import AlreadyCommittedError, NoCapacityError
 from kvcache_svc.registry import KVReport, Registry
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from inferix.cli.main import main
-from inferix.serve import Mesh, MeshConfig, start_mesh
+from inferix.mesh import Mesh, MeshConfig, start_mesh
 
 KEY = "lvbench-key-0123456789"
 

@@ -14,7 +14,7 @@ import pytest
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
 from inferix.client import Client, PromptChange
-from inferix.serve import Mesh, MeshConfig, start_mesh
+from inferix.mesh import Mesh, MeshConfig, start_mesh
 from tests.otlp import SpanCollector
 
 KEY_A = "key-a-0123456789abcdef"
@@ -33,7 +33,8 @@ def mesh_config(workdir: Path, **kwargs: object) -> MeshConfig:
     workdir.mkdir(parents=True, exist_ok=True)
     keys.write_text(f"{KEY_A} alice\n{KEY_B} bob\n")
     # One torch thread per worker: the same numerics as `generate --threads 1` and no oversubscription.
-    return MeshConfig(workdir=workdir, api_keys_file=keys, worker_threads=1, **kwargs)  # type: ignore[arg-type]
+    kwargs.setdefault("worker_threads", 1)
+    return MeshConfig(workdir=workdir, api_keys_file=keys, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ import pytest
 
 from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix.rtmp import nginx_rtmp_missing
+from inferix.mesh.rtmp_relay import nginx_rtmp_missing
 from inferix.server import INTERNAL_TOKEN_HEADER
 from tests.mesh.conftest import KEY_A, KEY_B, generate_digest
 

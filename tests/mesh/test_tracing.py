@@ -10,7 +10,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from inferix.client import Client, StateChanged
-from inferix.serve import Mesh
+from inferix.mesh import Mesh
+from inferix.telemetry import SESSION_ID_ATTR
 from tests.mesh.conftest import KEY_A
 from tests.otlp import SpanCollector
 
@@ -41,3 +42,8 @@ def test_one_trace_contains_spans_from_every_service(mesh: Mesh, collector: Span
         time.sleep(0.2)
     assert collector.services_in_trace(trace_id) >= SERVICES
     assert expected_names <= names()
+    # The worker's and the streamer's block spans name the session under the same key.
+    for span in list(collector.spans):
+        if span.trace_id == trace_id and span.name in ("worker.block", "streamer.encode"):
+            attributes = {a.key: a.value.string_value for a in span.attributes}
+            assert attributes.get(SESSION_ID_ATTR) == info.session_id, span.name

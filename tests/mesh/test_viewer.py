@@ -24,12 +24,12 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from inferix.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from inferix.client import BlockDone, Client, CommandAccepted, SessionError, StateChanged
-from inferix.serve import Mesh
+from inferix.mesh import Mesh
+from inferix.spec.presets import load_preset
 from inferix.viewer_token import METADATA_KEY, ViewerTokens
 from scheduler.validation import InvalidRequest, validate_spec
 from tests.mesh.conftest import KEY_A, KEY_B
 from tests.streamer.live import pull_rtmp
-from workers.engine.presets import load_preset
 
 Stub = scheduler_pb2_grpc.SchedulerServiceStub
 CHROMIUM = "/usr/bin/chromium"

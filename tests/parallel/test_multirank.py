@@ -17,20 +17,21 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from torch import Tensor
 
+from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
+from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from tests.conftest import GOLDEN_CASES, GOLDEN_DIR
 from tests.engine.tiny import TINY_DIT, prompt, tiny_pipeline
 from tests.parallel.pod import run_ranks
-from workers.engine.config import BlockConfig, SamplingConfig, WanDiTConfig
 from workers.engine.golden import GoldenCase
 from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.models.wan.vae import WanVAE, WanVAEConfig
+from workers.engine.models.wan.vae import WanVAE
 from workers.engine.parallel.context import SequenceParallel
 from workers.engine.parallel.cost import ParallelConfig, WorkloadShape, predict
 from workers.engine.parallel.golden import verify_case_parallel
 from workers.engine.parallel.plan import ParallelConfigError, ParallelPlan
-from workers.engine.parallel.run import PodSpec, build_pod, main, run_pod
-from workers.engine.parallel.runner import PodDriver, VAEDecodeSink
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, CommittedBlock, PipelineConfig
+from workers.engine.parallel.pod_driver import PodDriver, VAEDecodeSink
+from workers.engine.parallel.pod_main import PodSpec, build_pod, main, run_pod
+from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, ReplayBlock
 
 TOL = 1e-5
 BLOCKS = 4
@@ -231,7 +232,7 @@ def test_pod_runs_in_lockstep_and_only_rank_zero_decodes(tmp_path: Path) -> None
             # Recovery by recompute on the pod: a new session rebuilds its sharded cache from the
             # committed blocks alone and regenerates the last block identically.
             prompts = (prompt(0), prompt(1))
-            committed = [CommittedBlock(b.start_frame, b.latents, e) for b, e in zip(blocks[:2], prompts, strict=True)]
+            committed = [ReplayBlock(b.start_frame, b.latents, e) for b, e in zip(blocks[:2], prompts, strict=True)]
             driver.open_session("r", prompt(1), h, w, seed=7, num_blocks=3)
             driver.replay("r", committed, next_block=2)
             regenerated.append(driver.generate_block("r"))

@@ -6,11 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workers.engine.config import WAN21_T2V_1_3B, WAN21_T2V_14B, BlockConfig, WanDiTConfig
+from inferix.spec.architectures import WAN21_T2V_1_3B, WAN21_T2V_14B, WanDiTConfig
+from inferix.spec.sampling import BlockConfig
 from workers.engine.parallel.attention import attention_with_lse, merge_partials
 from workers.engine.parallel.cost import LinkModel, ParallelConfig, WorkloadShape, choose_plan, predict
 from workers.engine.parallel.plan import ParallelConfigError, ParallelPlan, candidate_plans
-from workers.engine.parallel.run import main
+from workers.engine.parallel.pod_main import main
 
 
 def real_shape(dit: WanDiTConfig = WAN21_T2V_1_3B, context_frames: int = 21) -> WorkloadShape:

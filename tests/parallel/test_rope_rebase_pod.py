@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from inferix.spec.sampling import BlockConfig
 from tests.engine.tiny import TINY_DIT, prompt, tiny_pipeline
 from tests.parallel.pod import run_ranks
-from workers.engine.config import BlockConfig
 from workers.engine.parallel.context import SequenceParallel
 from workers.engine.parallel.plan import ParallelPlan
-from workers.engine.pipeline import BlockDiffusionPipeline, CommittedBlock
+from workers.engine.pipeline import BlockDiffusionPipeline, ReplayBlock
 
 TOL = 1e-5
 SHORT_TABLE = dataclasses.replace(TINY_DIT, rope_max_positions=24)
@@ -40,7 +40,7 @@ def session_run(pipe: BlockDiffusionPipeline, parallel: SequenceParallel | None 
                 session.set_prompt(prompt(1), recache=True)
             block = session.generate_block()
             out["latents"].append(block.latents)
-            committed.append(CommittedBlock(block.start_frame, block.latents, prompt(0)))
+            committed.append(ReplayBlock(block.start_frame, block.latents, prompt(0)))
         assert session.cache.position_offset == 18
         frames = len(session.cache.frames)
         for layer in range(TINY_DIT.num_layers):

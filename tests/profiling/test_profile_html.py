@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from inferix.profiling import Profiler, ProfileReport, merge_reports, profile
-from inferix.profiling.html import PLOT_IDS
+from inferix.profiling.html import PLOT_IDS, write_html
 
 CHROMIUM_INSTALL = "apt-get update && apt-get install -y chromium  (or: make system-deps)"
 
@@ -62,7 +62,7 @@ def _plots(html: str) -> dict[str, tuple[str, bytes]]:
 def test_html_report_plots_decode_in_headless_chromium(tmp_path: Path) -> None:
     chromium = _chromium()
     report = merge_reports([_profiled_rank(0), _profiled_rank(1)])
-    page = report.write_html(tmp_path / "report.html")
+    page = write_html(report, tmp_path / "report.html")
     html = page.read_text(encoding="utf-8")
 
     plots = _plots(html)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from inferix.profiling import OtelExporter, Profiler, profile
+from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR
 
 
 def _sdk() -> Any:
@@ -34,7 +35,7 @@ def test_regions_become_nested_spans_and_blocks_become_metrics(make_profiler: Ca
     request_tracer = tracer_provider.get_tracer("test")
     with request_tracer.start_as_current_span("request") as request_span, profiler.session():
         for index in range(2):
-            with profiler.block(index) as block:
+            with profiler.block(index, session="s1") as block:
                 for step in range(2):
                     with profile("denoise_step", step=step):
                         pass
@@ -56,6 +57,10 @@ def test_regions_become_nested_spans_and_blocks_become_metrics(make_profiler: Ca
     }
     for block_span in by_name["inferix.block"]:
         assert block_span.parent.span_id == request_span.get_span_context().span_id
+    # The region attribute `block` (and `session`, `worker`) is exported under the key every service uses.
+    assert sorted(s.attributes[BLOCK_INDEX_ATTR] for s in by_name["inferix.block"]) == [0, 1]
+    assert {s.attributes[SESSION_ID_ATTR] for s in by_name["inferix.block"]} == {"s1"}
+    assert all("block" not in s.attributes and "session" not in s.attributes for s in by_name["inferix.block"])
     for step_span in by_name["inferix.denoise_step"]:
         parent = finished[step_span.parent.span_id]
         assert parent.name == "inferix.block" and parent.start_time <= step_span.start_time <= step_span.end_time

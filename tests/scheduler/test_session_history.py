@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
+from inferix.spec.presets import load_preset
 from scheduler.sessions import SessionRecord
 from scheduler.validation import ValidSpec, validate_spec
-from workers.engine.presets import load_preset
 
 PRESETS = {"tiny": load_preset("tiny")}
 SPEC = common_pb2.SessionSpec(model="tiny", num_blocks=8, prompts=[common_pb2.PromptChange(at_block=0, text="a ball")])

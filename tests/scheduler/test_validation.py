@@ -7,8 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferix.api.v1 import common_pb2
-from scheduler.validation import MAX_PROMPT_BYTES, InvalidRequest, validate_spec
-from workers.engine.presets import load_preset
+from inferix.spec import MAX_PROMPT_BYTES
+from inferix.spec.presets import load_preset
+from scheduler.validation import InvalidRequest, validate_spec
 
 PRESETS = {"tiny": load_preset("tiny"), "self-forcing-dmd": load_preset("self-forcing-dmd")}
 
@@ -51,7 +52,7 @@ def test_window_models_allow_unbounded_sessions_global_ones_do_not() -> None:
         ({"resolution": {"width": 8192, "height": 480}}, "spec.resolution"),
         ({"prompts": []}, "spec.prompts: at least one"),
         ({"prompts": [{"at_block": 0, "text": "é" * MAX_PROMPT_BYTES}]}, "spec.prompts\\[0\\].text: .*limit is 2048"),
-        ({"prompts": [{"at_block": 0, "text": "a"}, {"at_block": 5, "text": "b"}]}, "not below spec.num_blocks=3"),
+        ({"prompts": [{"at_block": 0, "text": "a"}, {"at_block": 5, "text": "b"}]}, "block 5 is past the last"),
         ({"prompts": [{"at_block": 0, "text": "a\x00b"}]}, "NUL"),
         ({"outputs": {"rtmp": True}}, "spec.outputs"),
     ],

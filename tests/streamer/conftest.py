@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from inferix.api.v1 import streamer_pb2_grpc
-from inferix.launch import ServiceProcess, start_service
+from inferix.mesh.launch import ServiceProcess, start_service
 from inferix.server import MAX_MESSAGE_BYTES
 from tests.streamer.media import ffprobe_path
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
+from inferix.telemetry import BLOCK_INDEX_ATTR
 from tests.otlp import SpanCollector
 from tests.streamer.live import SchedulerLink, start_live_streamer, stream_info, wait_until
 from tests.streamer.media import Video
@@ -61,7 +62,7 @@ def test_metrics_and_publish_spans_of_a_session_that_falls_behind(tmp_path: Path
 
     publish = [span for span in collector.spans if span.name == "streamer.publish"]
     attributes = [{a.key: a.value.int_value for a in span.attributes} for span in publish]
-    assert sorted((a["inferix.block_index"], a["inferix.frames"], a["inferix.underruns"]) for a in attributes) == [
+    assert sorted((a[BLOCK_INDEX_ATTR], a["inferix.frames"], a["inferix.underruns"]) for a in attributes) == [
         (0, 6, 0),
         (1, 6, 1),
     ]

@@ -15,7 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
-from inferix.launch import ServiceProcess
+from inferix.mesh.launch import ServiceProcess
+from inferix.telemetry import BLOCK_INDEX_ATTR
 from tests.otlp import SpanCollector
 from tests.streamer.conftest import start_streamer
 from tests.streamer.media import Video, decode, ffprobe, mean_abs_error, pattern
@@ -242,7 +243,7 @@ def test_sigterm_finalizes_open_sessions_exports_spans_and_exits_zero(tmp_path: 
 
     encode_spans = [span for span in collector.spans if span.name == "streamer.encode"]
     attributes = [{a.key: a.value.int_value for a in span.attributes} for span in encode_spans]
-    assert sorted((a["inferix.block_index"], a["inferix.frames"]) for a in attributes) == [(0, 6), (1, 6)]
+    assert sorted((a[BLOCK_INDEX_ATTR], a["inferix.frames"]) for a in attributes) == [(0, 6), (1, 6)]
     # each block's encode belongs to the trace of the push that delivered it
     assert {span.trace_id.hex() for span in encode_spans} == {trace_id}
     push_spans = {span.span_id for span in collector.spans if span.name.endswith("/PushFrames")}

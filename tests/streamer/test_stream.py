@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from inferix.api.v1 import streamer_pb2
+from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR
 from streamer.encoder import LIBX264
 from streamer.errors import EncoderFailed
 from streamer.ingest import Admission, IngestState
@@ -93,7 +94,8 @@ def test_one_encode_feeds_every_sink_and_each_block_gets_a_span() -> None:
     finished = spans.get_finished_spans()
     (push,) = [s for s in finished if s.name == "push"]
     encode_spans = sorted((s for s in finished if s.name == "streamer.encode"), key=lambda s: s.start_time or 0)
-    assert [(s.attributes or {}).get("inferix.block_index") for s in encode_spans] == [0, 1, 2]
+    assert [(s.attributes or {}).get(BLOCK_INDEX_ATTR) for s in encode_spans] == [0, 1, 2]
+    assert {(s.attributes or {}).get(SESSION_ID_ATTR) for s in encode_spans} == {"s1"}
     assert [(s.attributes or {}).get("inferix.frames") for s in encode_spans] == [5, 7, 8]
     for span in encode_spans:
         assert span.parent is not None and span.parent.span_id == push.context.span_id

@@ -8,8 +8,8 @@ from functools import cache
 
 import numpy as np
 
-from workers.engine.model_dir import TOYWORLD_WEIGHTS, load_model, resolve_model_dir
-from workers.engine.models.toyworld.evaluate import (
+from inferix.spec.sizing import session_shape
+from toyworld_lab.evaluate import (
     PROMPT_SET,
     PromptFollowing,
     colour_of_blocks,
@@ -17,10 +17,10 @@ from workers.engine.models.toyworld.evaluate import (
     generate_blocks,
     prompt_following,
 )
-from workers.engine.models.toyworld.train import DIT_FILE, TEXT_ENCODER_FILE, VAE_FILE
-from workers.engine.models.toyworld.world import SceneSpec
-from workers.engine.sizing import session_shape
-from workers.engine.video import VideoGenerator
+from toyworld_lab.train import DIT_FILE, TEXT_ENCODER_FILE, VAE_FILE
+from toyworld_lab.world import SceneSpec
+from workers.engine.engine import Engine
+from workers.engine.model_dir import TOYWORLD_WEIGHTS, load_model, resolve_model_dir
 
 
 def test_shipped_weights_are_a_model_folder_of_a_few_megabytes() -> None:
@@ -43,7 +43,7 @@ def test_toyworld_is_the_default_model_and_generates_the_prompted_square() -> No
         64,
         64,
     )
-    blocks = generate_blocks(VideoGenerator(model), "a blue square falling", 4, seed=0)
+    blocks = generate_blocks(Engine(model), "a blue square falling", 4, seed=0)
     assert [b.shape for b in blocks] == [(3, 64, 64, 3)] * 4
     # Read back from the pixels: a blue object in every block.
     assert colour_of_blocks(blocks) == ["blue"] * 4
@@ -51,7 +51,7 @@ def test_toyworld_is_the_default_model_and_generates_the_prompted_square() -> No
 
 @cache
 def following() -> PromptFollowing:
-    return prompt_following(VideoGenerator(load_model("toyworld")))
+    return prompt_following(Engine(load_model("toyworld")))
 
 
 def test_the_object_has_the_prompt_colour_for_nine_in_ten_prompts() -> None:
@@ -77,7 +77,7 @@ MINUTE_SCENES = [
 
 
 def test_a_minute_of_video_keeps_its_objects_on_screen_like_the_simulator() -> None:
-    generator = VideoGenerator(load_model("toyworld"))
+    generator = Engine(load_model("toyworld"))
     results = [drift(generator, spec, blocks=320, seed=seed) for spec, seed in MINUTE_SCENES]  # 60 s each
     assert all(r.on_screen >= 0.7 for r in results), results
     assert np.mean([r.on_screen for r in results]) >= 0.85, results

@@ -7,9 +7,9 @@ import random
 
 import numpy as np
 
-from workers.engine.models.toyworld.measure import read_frame
-from workers.engine.models.toyworld.oracle import Tracker, random_trackers
-from workers.engine.models.toyworld.world import PALETTE, SceneSpec
+from toyworld_lab.measure import read_frame
+from toyworld_lab.oracle import Tracker, random_trackers
+from toyworld_lab.world import PALETTE, SceneSpec
 
 SPEC = SceneSpec("red", "ball", 1, "bouncing around")
 

@@ -11,11 +11,11 @@ import dataclasses
 
 import numpy as np
 
+from toyworld_lab.evaluate import video_stats
+from toyworld_lab.world import SceneSpec
+from workers.engine.engine import Engine
 from workers.engine.model_dir import LoadedModel, load_model
-from workers.engine.models.toyworld.evaluate import video_stats
-from workers.engine.models.toyworld.world import SceneSpec
 from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.video import VideoGenerator
 
 TABLE = 9
 BLOCKS = 10  # 30 latent frames: re-bases at blocks 3..9
@@ -33,10 +33,10 @@ def with_table(model: LoadedModel, table: int) -> LoadedModel:
 
 def frames_and_offsets(model: LoadedModel) -> tuple[list[np.ndarray], list[int]]:
     frames, offsets = [], []
-    with VideoGenerator(model).open(SCENE.prompt(), seed=SEED, num_blocks=BLOCKS) as video:
+    with Engine(model).open(SCENE.prompt(), seed=SEED, num_blocks=BLOCKS) as video:
         for _ in range(BLOCKS):
             frames.append(video.next_block().frames)
-            offsets.append(video.session.cache.position_offset)
+            offsets.append(video.position_offset)
     return frames, offsets
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from toyworld_lab.evaluate import generate_blocks, video_stats
+from toyworld_lab.train import TrainConfig, train
+from workers.engine.engine import Engine
 from workers.engine.model_dir import load_model, resolve_model_dir
-from workers.engine.models.toyworld.evaluate import generate_blocks, video_stats
-from workers.engine.models.toyworld.train import TrainConfig, train
-from workers.engine.video import VideoGenerator
 
 WEIGHT_FILES = ("toyworld_dit.safetensors", "toyworld_vae.safetensors", "toyworld_text_encoder.safetensors")
 TINY_RUN = TrainConfig(
@@ -64,7 +64,7 @@ def test_a_trained_folder_loads_like_any_model_and_generates(tmp_path: Path) -> 
     assert size < 5 * 2**20  # fp16 weights: a few MB
     model = load_model(tmp_path / "model")
     assert model.vae.config.latent_std == folder.preset.vae.latent_std != (1.0,) * 8  # measured stats
-    generator = VideoGenerator(model)
+    generator = Engine(model)
     blocks = generate_blocks(generator, "a red ball falling", 2, seed=0, changes={1: "the ball turns green"})
     assert [b.shape for b in blocks] == [(3, 64, 64, 3)] * 2  # 3 frames per block: no time compression
     stats = video_stats(blocks, ["red", "green"])
@@ -72,7 +72,7 @@ def test_a_trained_folder_loads_like_any_model_and_generates(tmp_path: Path) -> 
 
 
 def test_train_command_line_help_and_bad_arguments(tmp_path: Path) -> None:
-    run = [sys.executable, "-m", "workers.engine.models.toyworld.train"]
+    run = [sys.executable, "-m", "toyworld_lab.train"]
     shown = subprocess.run([*run, "--help"], capture_output=True, text=True, check=True)
     assert "--out" in shown.stdout and "--vae-only" in shown.stdout and "--reuse-vae" in shown.stdout
     missing = subprocess.run(run, capture_output=True, text=True, check=False)

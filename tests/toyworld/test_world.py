@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from workers.engine.models.toyworld.measure import dominant_colour, read_frame
-from workers.engine.models.toyworld.world import (
+from toyworld_lab.measure import dominant_colour, read_frame
+from toyworld_lab.world import (
     PALETTE,
     SceneSpec,
     World,

@@ -29,23 +29,18 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from inferix.errors import CheckpointError, UserError
-from workers.engine.config import WanDiTConfig
+from inferix.spec.architectures import DiTWeights, WanDiTConfig
 from workers.engine.models.wan.dit import CausalWanDiT
-
-if TYPE_CHECKING:  # the VAE modules are imported where used (see load_vae)
-    from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig
-    from workers.engine.models.wan.vae import WanVAE, WanVAEConfig
 
 __all__ = [
     "DTYPES",
-    "DiTWeights",
     "StateDict",
     "as_state_dict",
     "dit_config_from_wan_config",
@@ -53,7 +48,6 @@ __all__ = [
     "from_diffusers_names",
     "load_dit",
     "load_into",
-    "load_vae",
     "parse_dtype",
     "read_checkpoint",
     "read_state_dict",
@@ -62,7 +56,6 @@ __all__ = [
 ]
 
 StateDict = dict[str, Tensor]
-DiTWeights = Literal["ema", "generator"]
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -484,50 +477,4 @@ def load_dit(
         device=device,
         what="causal Wan DiT",
         hint=_DIT_HINT,
-    )
-
-
-@overload
-def load_vae(
-    path: str | Path, config: WanVAEConfig, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
-) -> WanVAE: ...
-
-
-@overload
-def load_vae(
-    path: str | Path, config: PatchVAEConfig, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
-) -> PatchVAE: ...
-
-
-def load_vae(
-    path: str | Path,
-    config: WanVAEConfig | PatchVAEConfig,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str = "cpu",
-) -> WanVAE | PatchVAE:
-    """Load a Wan VAE from ``Wan2.1_VAE.pth`` (the reference ``WanVAE_`` state dict) or a safetensors copy,
-    or a patch autoencoder (``vae.type: patch``) from its state dict."""
-    from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig
-    from workers.engine.models.wan.vae import WanVAE  # imported here: the VAE need not load for the DiT
-
-    if isinstance(config, PatchVAEConfig):
-        patch_config = config
-        return load_into(
-            lambda: PatchVAE(patch_config),
-            read_state_dict(path, "VAE checkpoint", "Expected the patch autoencoder's state dict."),
-            path,
-            dtype=dtype,
-            device=device,
-            what="patch autoencoder",
-            hint="check the vae section of the preset / model.yaml (patch, z_dim, hidden)",
-        )
-
-    return load_into(
-        lambda: WanVAE(config),
-        read_state_dict(path, "VAE checkpoint", "Expected the Wan2.1 VAE weights (Wan2.1_VAE.pth)."),
-        path,
-        dtype=dtype,
-        device=device,
-        what="Wan VAE",
-        hint="check the vae section of the preset / model.yaml (dim, z_dim, dim_mult, num_res_blocks)",
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from workers.engine.config import FlowMatchConfig, SamplingConfig
+from inferix.spec.sampling import FlowMatchConfig, SamplingConfig
 
 
 class FlowMatchSchedule:

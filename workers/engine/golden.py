@@ -19,17 +19,18 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from inferix.errors import UserError
-from workers.engine.checkpoint import load_vae
-from workers.engine.config import BlockConfig, FlowMatchConfig, SamplingConfig, WanDiTConfig
+from inferix.spec.architectures import UMT5Config, WanDiTConfig, WanVAEConfig
+from inferix.spec.parity import GOLDEN_TOLERANCE
+from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.kv.pool import KVPool
+from workers.engine.models.autoencoders import load_vae
 from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.models.wan.text_encoder import UMT5Config, UMT5Encoder
-from workers.engine.models.wan.vae import WanVAE, WanVAEConfig, to_unit_range
+from workers.engine.models.wan.text_encoder import UMT5Encoder
+from workers.engine.models.wan.vae import WanVAE, to_unit_range
 from workers.engine.noise import RecordedNoise
-from workers.engine.pipeline import BlockDiffusionPipeline, PipelineConfig
+from workers.engine.pipeline import BlockDiffusionPipeline
 
-DEFAULT_TOLERANCE = 1e-5
 _RENOISE_KEY = re.compile(r"renoise_b(\d+)_s(\d+)$")
 
 
@@ -300,7 +301,7 @@ CHECKS: list[Callable[[GoldenCase, float], Iterator[Comparison]]] = [
 ]
 
 
-def verify_case(case: GoldenCase, tolerance: float = DEFAULT_TOLERANCE) -> list[Comparison]:
+def verify_case(case: GoldenCase, tolerance: float = GOLDEN_TOLERANCE) -> list[Comparison]:
     torch.manual_seed(0)
     results: list[Comparison] = []
     for check in CHECKS:

@@ -34,22 +34,29 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from inferix.errors import UserError
-from workers.engine.builtin_models import BUILTIN_MODELS, DEFAULT_MODEL
-from workers.engine.checkpoint import load_dit, load_into, load_vae, parse_dtype, seeded_state_dict
-from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig
+from inferix.spec.architectures import PatchVAEConfig
+from inferix.spec.presets import (
+    BUILTIN_MODELS,
+    DEFAULT_MODEL,
+    ModelFiles,
+    ModelPreset,
+    available_presets,
+    load_preset,
+    read_yaml,
+)
+from inferix.spec.sampling import PipelineConfig
+from workers.engine.checkpoint import load_dit, load_into, parse_dtype, seeded_state_dict
+from workers.engine.models.autoencoders import load_vae
+from workers.engine.models.patch_vae import PatchVAE
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.models.wan.text_encoder import PromptEncoder, UMT5Encoder
 from workers.engine.models.wan.tokenizer import EOS_TOKEN, PAD_TOKEN, TOKENIZER_JSON, PromptTokenizer
 from workers.engine.models.wan.vae import WanVAE
-from workers.engine.pipeline import PipelineConfig
-from workers.engine.presets import ModelFiles, ModelPreset, available_presets, load_preset, read_yaml
 
 __all__ = [
     "MODEL_YAML",
     "LoadedModel",
     "ModelDirectory",
-    "BUILTIN_MODELS",
-    "DEFAULT_MODEL",
     "TOYWORLD_WEIGHTS",
     "builtin_model_name",
     "byte_level_tokenizer",

@@ -30,18 +30,11 @@ import torch
 from torch import Tensor
 
 from inferix.profiling import profile
-from workers.engine.config import BlockConfig, SamplingConfig
+from inferix.spec.sampling import PipelineConfig, rope_rebase
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
 from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV
-from workers.engine.models.wan.rope import rope_rebase
 from workers.engine.noise import NoiseSource, SeededNoise
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    block: BlockConfig = field(default_factory=BlockConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
 @dataclass
@@ -66,8 +59,8 @@ class BlockOutput:
 
 
 @dataclass
-class CommittedBlock:
-    """What recovery needs of a past block: its frames, its clean latents, its prompt embeddings."""
+class ReplayBlock:
+    """A committed block as the engine replays it: its first latent frame, clean latents, prompt embeddings."""
 
     start_frame: int
     latents: Tensor
@@ -273,15 +266,18 @@ class GenerationSession:
         )
 
     @torch.no_grad()
-    def replay(self, blocks: Sequence[CommittedBlock], next_block: int | None = None) -> None:
+    def replay(self, blocks: Sequence[ReplayBlock], next_block: int | None = None, *, from_start: bool = True) -> None:
         """Rebuild the KV cache from committed blocks (in order) by context passes alone.
 
         Every committed block must be replayed from the first: a cached frame's K/V depend on
         everything it attended to when it was written. One forward per block instead of
-        steps + 1, and the result is identical to the original run's cache.
+        steps + 1, and the result is identical to the original run's cache. A long history can
+        be replayed in chunks: `from_start=False` continues the previous chunk's replay (only
+        the chunk and the cache are in memory, never the whole history).
         """
-        self.cache.drop()
-        self._frame_latents.clear()
+        if from_start:
+            self.cache.drop()
+            self._frame_latents.clear()
         for committed in blocks:
             self._use_prompt(committed.prompt_embeds)
             self._context_pass(committed.latents.to(self.pipeline.device), committed.start_frame)

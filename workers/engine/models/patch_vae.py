@@ -11,48 +11,12 @@ frame count. Same interface as `WanVAE` where the engine uses it: `config.z_dim`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-
-@dataclass(frozen=True)
-class PatchVAEConfig:
-    type: str = "patch"  # the preset's `vae.type`; Wan VAE configs have none
-    patch: int = 8
-    z_dim: int = 8
-    hidden: int = 128
-    latent_mean: tuple[float, ...] = field(default=(0.0,) * 8)
-    latent_std: tuple[float, ...] = field(default=(1.0,) * 8)
-
-    def __post_init__(self) -> None:
-        if self.type != "patch":
-            raise ValueError(f"PatchVAEConfig.type must be 'patch', got {self.type!r}")
-        for name in ("patch", "z_dim", "hidden"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"PatchVAEConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("latent_mean", "latent_std"):
-            if len(getattr(self, name)) != self.z_dim:
-                raise ValueError(f"PatchVAEConfig.{name} needs z_dim = {self.z_dim} values")
-        if min(self.latent_std) <= 0:
-            raise ValueError(f"PatchVAEConfig.latent_std must be positive, got {self.latent_std}")
-
-    @classmethod
-    def from_dict(cls, section: Mapping[str, Any]) -> PatchVAEConfig:
-        known = {f.name for f in fields(cls)}
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items() if k in known}
-        return cls(**values)
-
-    @property
-    def spatial_factor(self) -> int:
-        return self.patch
-
-    @property
-    def temporal_factor(self) -> int:
-        return 1
+from inferix.spec.architectures import PatchVAEConfig
 
 
 @dataclass

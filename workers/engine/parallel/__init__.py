@@ -8,7 +8,7 @@ for the layout of tokens, heads and KV pages, the cost model and how to run a po
 from workers.engine.parallel.context import SequenceParallel, ShardedAttentionCache
 from workers.engine.parallel.cost import LinkModel, ParallelConfig, PlanChoice, WorkloadShape, choose_plan, predict
 from workers.engine.parallel.plan import ParallelConfigError, ParallelPlan
-from workers.engine.parallel.runner import PodDriver, PodEngine, VAEDecodeSink, follow
+from workers.engine.parallel.pod_driver import PodDriver, PodEngine, VAEDecodeSink, follow
 
 __all__ = [
     "LinkModel",

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from workers.engine.config import BlockConfig, WanDiTConfig
+from inferix.spec.architectures import WanDiTConfig
+from inferix.spec.sampling import BlockConfig
 from workers.engine.parallel.plan import ParallelConfigError, ParallelPlan, candidate_plans
 
 LOG = logging.getLogger(__name__)

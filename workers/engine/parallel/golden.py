@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from workers.engine.golden import DEFAULT_TOLERANCE, Comparison, GoldenCase, check_dit_forward, check_pipeline
+from inferix.spec.parity import GOLDEN_TOLERANCE
+from workers.engine.golden import Comparison, GoldenCase, check_dit_forward, check_pipeline
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.parallel.context import SequenceParallel
 from workers.engine.parallel.cost import ParallelConfig, PlanChoice, WorkloadShape, choose_plan
@@ -39,7 +40,7 @@ def _sharded_dit(case: GoldenCase, parallel: SequenceParallel) -> CausalWanDiT:
 
 
 def verify_case_parallel(
-    case: GoldenCase, config: ParallelConfig, tolerance: float = DEFAULT_TOLERANCE
+    case: GoldenCase, config: ParallelConfig, tolerance: float = GOLDEN_TOLERANCE
 ) -> tuple[PlanChoice, list[Comparison]]:
     """Run one case over the whole pod (every rank calls this) with the plan `config` resolves to.
 

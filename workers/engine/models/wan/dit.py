@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from inferix.spec.architectures import WanDiTConfig
 from workers.engine.attention.backends import AttentionBackend, get_backend
-from workers.engine.config import WanDiTConfig
 from workers.engine.kv.protocol import SelfAttentionCache
 from workers.engine.models.wan.rope import RopeTable, apply_rope
 

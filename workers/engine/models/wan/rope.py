@@ -18,12 +18,8 @@ how much from the frame index alone, so a session rebuilt by recompute shifts at
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
-
-from workers.engine.config import BlockConfig
 
 
 def rope_pair_split(head_dim: int) -> tuple[int, int, int]:
@@ -113,54 +109,3 @@ def rotate_time(x: Tensor, positions: int, theta: float = 10000.0) -> Tensor:
     re, im = x[..., : 2 * pairs].float().unflatten(-1, (pairs, 2)).unbind(-1)
     time = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2)
     return torch.cat([time.to(x.dtype), x[..., 2 * pairs :]], dim=-1)
-
-
-@dataclass(frozen=True)
-class RopeRebase:
-    """When a windowed session shifts its time positions down, and by how much.
-
-    A DiT pass over frames that end at frame index `end` uses time positions reduced by
-    `offset(end)`: 0 while the table holds `end` (a session that never reaches the table's end is
-    untouched), past it the smallest multiple of `stride = max_positions - keep` that brings `end`
-    back into the table. The pass that crosses therefore starts at most `keep` positions into the
-    table. With `keep` = the window's frames after its sink (`rope_rebase`), the window's recent
-    frames keep positions >= 0 and only the sink's go negative; attention is unchanged either way.
-    """
-
-    max_positions: int  # length of the RoPE table
-    keep: int  # positions left below a block that just re-based
-
-    def __post_init__(self) -> None:
-        if self.keep < 0 or self.stride < 1:
-            raise ValueError(f"RoPE re-basing needs 0 <= keep < max_positions, got keep={self.keep}")
-
-    @property
-    def stride(self) -> int:
-        """Positions one re-base shifts by."""
-        return self.max_positions - self.keep
-
-    def offset(self, end_frame: int) -> int:
-        """Time positions of a pass over frames ending (exclusive) at `end_frame` are frame - offset."""
-        overflow = end_frame - self.max_positions
-        if overflow <= 0:
-            return 0
-        return -(-overflow // self.stride) * self.stride
-
-
-def rope_rebase(max_positions: int, block: BlockConfig) -> RopeRebase | None:
-    """The re-basing rule of a session, or None with global attention.
-
-    A global session keeps every frame in its cache, so its time distances grow with it: the
-    table bounds its length. A window holds at most `local_attn_size` frames; the table must hold
-    the window's frames after its sink plus one more block, so that a re-base moves at least a block.
-    """
-    if block.is_global:
-        return None
-    keep = block.local_attn_size - block.sink_size
-    if max_positions < keep + block.num_frame_per_block:
-        raise ValueError(
-            f"rope_max_positions={max_positions} is too short for a window of {block.local_attn_size} frames "
-            f"with a sink of {block.sink_size}: it must be at least local_attn_size - sink_size + "
-            f"num_frame_per_block = {keep + block.num_frame_per_block}"
-        )
-    return RopeRebase(max_positions, keep)

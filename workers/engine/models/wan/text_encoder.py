@@ -17,91 +17,22 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inferix.errors import UserError
+from inferix.spec.architectures import UMT5Config
 from workers.engine.checkpoint import load_into, read_state_dict
 from workers.engine.models.wan.tokenizer import PromptTokenizer
 
 __all__ = [
     "PromptEncoder",
-    "UMT5Config",
     "UMT5Encoder",
     "relative_position_buckets",
 ]
-
-# Keys of a config ``text_encoder`` section that describe things outside this module: free text, the
-# tokenizer's special ids (read from the tokenizer files instead) and training-only / decoder settings.
-_NON_MODEL_KEYS = frozenset({"class", "note", "pad_id", "eos_id", "decoder_layers", "dropout"})
-# Spellings used by the reference ``umt5_xxl(...)`` kwargs (and the golden configs) for our fields.
-_KEY_ALIASES = {"encoder_layers": "num_layers"}
-
-
-@dataclass(frozen=True)
-class UMT5Config:
-    """Shape of a UMT5 encoder. The defaults are the umt5-xxl encoder that Wan2.1 ships."""
-
-    vocab_size: int = 256384
-    dim: int = 4096
-    dim_attn: int = 4096
-    dim_ffn: int = 10240
-    num_heads: int = 64
-    num_layers: int = 24
-    num_buckets: int = 32
-    shared_pos: bool = False
-    eps: float = 1e-6
-    max_dist: int = 128
-    text_len: int = 512
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "dim_attn", "dim_ffn", "num_heads", "num_layers", "text_len"):
-            if getattr(self, name) < 1:
-                raise UserError(f"text encoder config: {name} must be >= 1, got {getattr(self, name)}")
-        if self.dim_attn % self.num_heads:
-            raise UserError(
-                f"text encoder config: dim_attn ({self.dim_attn}) must be divisible by num_heads ({self.num_heads})"
-            )
-        # Buckets are split in two directions, each half in an exact and a log-spaced part, so the
-        # exact part (num_buckets // 4) must be non-empty and smaller than max_dist.
-        if self.num_buckets < 4 or self.num_buckets % 2:
-            raise UserError(f"text encoder config: num_buckets must be even and >= 4, got {self.num_buckets}")
-        if self.shared_pos:
-            raise UserError(
-                "text encoder config: shared_pos=True (one position table for all layers, original T5) "
-                "is not supported; umt5 checkpoints use shared_pos=false"
-            )
-        if self.max_dist <= self.num_buckets // 4:
-            raise UserError(
-                f"text encoder config: max_dist ({self.max_dist}) must exceed num_buckets // 4 "
-                f"({self.num_buckets // 4})"
-            )
-
-    @classmethod
-    def from_dict(cls, section: Mapping[str, Any]) -> UMT5Config:
-        """Build a config from a ``text_encoder`` section (golden ``config.json`` or a preset).
-
-        Accepts the reference spelling ``encoder_layers`` and skips descriptive or tokenizer keys;
-        any other unknown key is an error, so that a typo cannot silently fall back to a default.
-        """
-        known = {f.name for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in section.items():
-            if key in _NON_MODEL_KEYS:
-                continue
-            name = _KEY_ALIASES.get(key, key)
-            if name not in known:
-                raise UserError(
-                    f"text encoder config: unknown key {key!r}; accepted keys are {sorted(known | set(_KEY_ALIASES))}"
-                )
-            values[name] = value
-        return cls(**values)
 
 
 def relative_position_buckets(length: int, num_buckets: int, max_dist: int, device: torch.device) -> Tensor:

@@ -26,95 +26,26 @@ per-latent-frame decoding (activations of one latent frame at a time plus the tw
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from inferix.spec.architectures import WanVAEConfig
+from workers.engine.checkpoint import load_into, read_state_dict
+
 __all__ = [
-    "WAN21_LATENT_MEAN",
-    "WAN21_LATENT_STD",
     "VAEDecodeState",
     "WanVAE",
-    "WanVAEConfig",
     "to_unit_range",
 ]
 
-WAN21_LATENT_MEAN: tuple[float, ...] = (
-    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-    0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
-)  # fmt: skip
-WAN21_LATENT_STD: tuple[float, ...] = (
-    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-    3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160,
-)  # fmt: skip
 
 # One cached tensor (or None before the first chunk) per cache slot of an encoder or decoder.
 FrameCache = list[Tensor | None]
-
-
-@dataclass(frozen=True)
-class WanVAEConfig:
-    """Hyper-parameters of the Wan2.1 VAE; defaults are the released Wan2.1 VAE.
-
-    ``temperal_downsample`` keeps the reference spelling so that reference configs map 1:1.
-    """
-
-    dim: int = 96
-    z_dim: int = 16
-    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
-    num_res_blocks: int = 2
-    attn_scales: tuple[float, ...] = ()
-    temperal_downsample: tuple[bool, ...] = (False, True, True)
-    dropout: float = 0.0
-    latent_mean: tuple[float, ...] = WAN21_LATENT_MEAN
-    latent_std: tuple[float, ...] = WAN21_LATENT_STD
-
-    def __post_init__(self) -> None:
-        for name in ("dim", "z_dim", "num_res_blocks"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"WanVAEConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if len(self.dim_mult) < 2 or min(self.dim_mult) < 1:
-            raise ValueError(f"WanVAEConfig.dim_mult needs >= 2 positive entries, got {self.dim_mult}")
-        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
-            raise ValueError(
-                f"WanVAEConfig.temperal_downsample needs len(dim_mult) - 1 = {len(self.dim_mult) - 1} "
-                f"entries (one per downsampling stage), got {len(self.temperal_downsample)}"
-            )
-        for name in ("latent_mean", "latent_std"):
-            if len(getattr(self, name)) != self.z_dim:
-                raise ValueError(
-                    f"WanVAEConfig.{name} needs z_dim = {self.z_dim} values, got {len(getattr(self, name))}"
-                )
-        if min(self.latent_std) <= 0:
-            raise ValueError(f"WanVAEConfig.latent_std must be positive, got {self.latent_std}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"WanVAEConfig.dropout must be in [0, 1), got {self.dropout}")
-
-    @classmethod
-    def from_dict(cls, section: Mapping[str, Any]) -> WanVAEConfig:
-        """Build from a config section (e.g. the golden ``config.json['vae']``).
-
-        Keys that are not fields (descriptive ones such as ``class``, ``note``, ``pixel_h``) are
-        ignored; lists become tuples.
-        """
-        known = {f.name for f in fields(cls)}
-        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in section.items() if k in known}
-        return cls(**kwargs)
-
-    @property
-    def temporal_factor(self) -> int:
-        """Pixel frames per latent frame (after the first one)."""
-        return 2 ** sum(self.temperal_downsample)
-
-    @property
-    def spatial_factor(self) -> int:
-        """Pixels per latent position along H and along W."""
-        return 2 ** (len(self.dim_mult) - 1)
 
 
 def _frames_to_batch(x: Tensor) -> Tensor:
@@ -429,12 +360,18 @@ class WanVAE(nn.Module):
         path: str | Path,
         config: WanVAEConfig | None = None,
         device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | None = torch.float32,
     ) -> WanVAE:
-        """Load ``Wan2.1_VAE.pth`` or a ``.safetensors`` state dict (strict); see `checkpoint.load_vae`."""
-        from workers.engine.checkpoint import load_vae  # checkpoint imports this module
-
-        return load_vae(path, config or WanVAEConfig(), dtype=dtype, device=device)
+        """Load ``Wan2.1_VAE.pth`` or a ``.safetensors`` state dict (strict)."""
+        return load_into(
+            lambda: cls(config or WanVAEConfig()),
+            read_state_dict(path, "VAE checkpoint", "Expected the Wan2.1 VAE weights (Wan2.1_VAE.pth)."),
+            path,
+            dtype=dtype,
+            device=device,
+            what="Wan VAE",
+            hint="check the vae section of the preset / model.yaml (dim, z_dim, dim_mult, num_res_blocks)",
+        )
 
     def new_decode_state(self) -> VAEDecodeState:
         """A fresh state for a new video (the next block decoded is latent frame 0)."""

@@ -2,10 +2,11 @@
 
 Four stages, on clips simulated on the fly by `world.py`:
 
-1. **VAE.** A pixel-space patch autoencoder (`models/patch_vae.py`: one 8x8 patch <-> 8 latent
-   channels, no time compression) learns to reconstruct simulated frames, object pixels weighted
-   up. The per-channel mean and standard deviation of encoded clips become its latent
-   normalisation. (The Wan VAE architecture at this width did not converge in a CPU budget.)
+1. **VAE.** A pixel-space patch autoencoder (`workers/engine/models/patch_vae.py`: one 8x8
+   patch <-> 8 latent channels, no time compression) learns to reconstruct simulated frames,
+   object pixels weighted up. The per-channel mean and standard deviation of encoded clips become
+   its latent normalisation. (The Wan VAE architecture at this width did not converge in a CPU
+   budget.)
 2. **DiT + text encoder.** Clips of `clip_blocks` blocks are encoded once; each step takes a
    window of `window_blocks` blocks (the inference attention window) from a random offset and
    trains block-causally with teacher forcing, exactly the way inference runs: block by block,
@@ -49,18 +50,20 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from inferix.errors import UserError
+from inferix.spec.architectures import PatchVAEConfig
+from inferix.spec.presets import ModelPreset, load_preset
+from toyworld_lab.oracle import random_trackers
+from toyworld_lab.world import BACKGROUND, Clip, random_clip
 from workers.engine.attention.backends import AttentionBackend
-from workers.engine.checkpoint import load_dit, load_vae
+from workers.engine.checkpoint import load_dit
+from workers.engine.engine import to_uint8_frames
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.model_dir import MODEL_YAML, byte_level_tokenizer, write_byte_level_tokenizer
-from workers.engine.models.patch_vae import PatchVAE, PatchVAEConfig, reconstruction_loss
-from workers.engine.models.toyworld.oracle import random_trackers
-from workers.engine.models.toyworld.world import BACKGROUND, Clip, random_clip
+from workers.engine.models.autoencoders import load_vae
+from workers.engine.models.patch_vae import PatchVAE, reconstruction_loss
 from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV
 from workers.engine.models.wan.text_encoder import UMT5Encoder
 from workers.engine.models.wan.tokenizer import PromptTokenizer
-from workers.engine.presets import ModelPreset, load_preset
-from workers.engine.video import to_uint8_frames
 
 PRESET = "toyworld"
 OBJECT_LOSS_WEIGHT = 10.0  # extra weight of object pixels in the VAE's reconstruction loss
@@ -652,7 +655,7 @@ def _copy_files(source: Path, out: Path, names: list[str]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.engine.models.toyworld.train",
+        prog="python -m toyworld_lab.train",
         description="Train the built-in toyworld model (VAE, then DiT + text encoder) on simulated clips, on CPU.",
     )
     default = TrainConfig()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from inferix.launch import ServiceProcess, ServiceStartError, StartingService, describe_exit
+from inferix.mesh.launch import ServiceProcess, ServiceStartError, StartingService, describe_exit
 
 ENV_BACKOFF_BASE = "INFERIX_SERVE_BACKOFF_S"
 ENV_BACKOFF_CAP = "INFERIX_SERVE_BACKOFF_MAX_S"
@@ -122,7 +122,7 @@ class CrashLoop:
 
 
 class Children(Protocol):
-    """What the supervisor needs of a mesh (inferix.serve.Mesh)."""
+    """What the supervisor needs of a mesh (inferix.mesh.Mesh)."""
 
     def children(self) -> list[ServiceProcess]: ...
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workers.engine.models.toyworld.measure import object_mask
-from workers.engine.models.toyworld.world import PALETTE, Body, SceneSpec, World, all_scene_specs
+from toyworld_lab.measure import object_mask
+from toyworld_lab.world import PALETTE, Body, SceneSpec, World, all_scene_specs
 
 # A body is seen in a generated frame when at least this share of its area lies within
 # `SEARCH_MARGIN` pixels of where the tracker predicts it.

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferix.errors import UserError
-from workers.engine.models.wan.rope import rope_rebase
-from workers.engine.presets import ModelPreset
+from inferix.spec.presets import ModelPreset
+from inferix.spec.sampling import rope_rebase
 
 VAE_SPATIAL_FACTOR = 8
 VAE_TEMPORAL_FACTOR = 4

@@ -20,14 +20,12 @@ from typing import Any, TypeVar, get_args
 import yaml
 
 from inferix.errors import UserError
-from workers.engine.checkpoint import DiTWeights
-from workers.engine.config import BlockConfig, FlowMatchConfig, SamplingConfig, WanDiTConfig
-from workers.engine.models.patch_vae import PatchVAEConfig
-from workers.engine.models.wan.text_encoder import UMT5Config
-from workers.engine.models.wan.vae import WanVAEConfig
-from workers.engine.pipeline import PipelineConfig
+from inferix.spec.architectures import DiTWeights, PatchVAEConfig, UMT5Config, WanDiTConfig, WanVAEConfig
+from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
 
 __all__ = [
+    "BUILTIN_MODELS",
+    "DEFAULT_MODEL",
     "ModelFiles",
     "ModelPreset",
     "VideoDefaults",
@@ -38,6 +36,10 @@ __all__ = [
 ]
 
 _PRESET_DIR = "presets"
+# The models built into the package, by name: toyworld (trained weights shipped with the engine, what
+# runs without --model) and tiny (deterministic random weights, for smoke tests).
+BUILTIN_MODELS = ("toyworld", "tiny")
+DEFAULT_MODEL = "toyworld"
 T = TypeVar("T")
 _SECTIONS = ("name", "description", "dit", "pipeline", "vae", "text_encoder", "video", "files", "random_weights")
 
@@ -226,7 +228,7 @@ def merge_sections(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dic
 
 
 def _preset_files() -> dict[str, Traversable]:
-    folder = resources.files("workers.engine").joinpath(_PRESET_DIR)
+    folder = resources.files("inferix.spec").joinpath(_PRESET_DIR)
     return {entry.name.removesuffix(".yaml"): entry for entry in folder.iterdir() if entry.name.endswith(".yaml")}
 
 

@@ -1,77 +1,12 @@
-"""Configuration dataclasses of the engine: the DiT architecture and the block loop.
-
-The real model sizes (Wan2.1 1.3B / 14B) are data here, never constants in the code.
+"""How a model samples a session, as data: the flow-matching schedule, the denoising steps of a
+block, the block-causal structure (block size, window, sink) and the RoPE re-basing rule of
+unbounded windowed sessions. Torch-free: the scheduler validates sessions with it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
-
-
-def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    names = {f.name for f in fields(cls)}
-    return {k: v for k, v in data.items() if k in names}
-
-
-@dataclass(frozen=True)
-class WanDiTConfig:
-    """Causal Wan DiT hyper-parameters (names follow the Wan2.1 `config.json`)."""
-
-    patch_size: tuple[int, int, int] = (1, 2, 2)
-    text_len: int = 512
-    in_dim: int = 16
-    dim: int = 1536
-    ffn_dim: int = 8960
-    freq_dim: int = 256
-    text_dim: int = 4096
-    out_dim: int = 16
-    num_heads: int = 12
-    num_layers: int = 30
-    qk_norm: bool = True
-    cross_attn_norm: bool = True
-    eps: float = 1e-6
-    rope_theta: float = 10000.0
-    # Length of the RoPE table in latent frames. Windowed sessions re-base their positions when they
-    # reach its end (rope.RopeRebase); it bounds only global-attention sessions.
-    rope_max_positions: int = 1024
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "patch_size", tuple(self.patch_size))
-        if self.dim % self.num_heads != 0:
-            raise ValueError(f"dim={self.dim} must be divisible by num_heads={self.num_heads}")
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-        if self.freq_dim % 2 != 0:
-            raise ValueError(f"freq_dim={self.freq_dim} must be even")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.num_heads
-
-    def tokens_per_frame(self, latent_height: int, latent_width: int) -> int:
-        """Number of DiT tokens one latent frame of this size becomes after patchify."""
-        _, ph, pw = self.patch_size
-        if latent_height % ph or latent_width % pw:
-            raise ValueError(
-                f"latent size {latent_height}x{latent_width} must be divisible by the patch size "
-                f"{ph}x{pw} (pixel size divisible by {8 * ph}x{8 * pw} for the Wan VAE)"
-            )
-        return (latent_height // ph) * (latent_width // pw)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WanDiTConfig:
-        """Build from a Wan / Self Forcing / golden `config.json` dict; unknown keys are ignored."""
-        return cls(**_known_fields(cls, data))
-
-
-WAN21_T2V_1_3B = WanDiTConfig(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30)
-WAN21_T2V_14B = WanDiTConfig(dim=5120, ffn_dim=13824, num_heads=40, num_layers=40)
-
-DIT_PRESETS: dict[str, WanDiTConfig] = {
-    "wan2.1-1.3b": WAN21_T2V_1_3B,
-    "wan2.1-14b": WAN21_T2V_14B,
-}
+from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -146,3 +81,60 @@ class BlockConfig:
     @property
     def is_global(self) -> bool:
         return self.local_attn_size == -1
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    block: BlockConfig = field(default_factory=BlockConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass(frozen=True)
+class RopeRebase:
+    """When a windowed session shifts its time positions down, and by how much.
+
+    A DiT pass over frames that end at frame index `end` uses time positions reduced by
+    `offset(end)`: 0 while the table holds `end` (a session that never reaches the table's end is
+    untouched), past it the smallest multiple of `stride = max_positions - keep` that brings `end`
+    back into the table. The pass that crosses therefore starts at most `keep` positions into the
+    table. With `keep` = the window's frames after its sink (`rope_rebase`), the window's recent
+    frames keep positions >= 0 and only the sink's go negative; attention is unchanged either way.
+    """
+
+    max_positions: int  # length of the RoPE table
+    keep: int  # positions left below a block that just re-based
+
+    def __post_init__(self) -> None:
+        if self.keep < 0 or self.stride < 1:
+            raise ValueError(f"RoPE re-basing needs 0 <= keep < max_positions, got keep={self.keep}")
+
+    @property
+    def stride(self) -> int:
+        """Positions one re-base shifts by."""
+        return self.max_positions - self.keep
+
+    def offset(self, end_frame: int) -> int:
+        """Time positions of a pass over frames ending (exclusive) at `end_frame` are frame - offset."""
+        overflow = end_frame - self.max_positions
+        if overflow <= 0:
+            return 0
+        return -(-overflow // self.stride) * self.stride
+
+
+def rope_rebase(max_positions: int, block: BlockConfig) -> RopeRebase | None:
+    """The re-basing rule of a session, or None with global attention.
+
+    A global session keeps every frame in its cache, so its time distances grow with it: the
+    table bounds its length. A window holds at most `local_attn_size` frames; the table must hold
+    the window's frames after its sink plus one more block, so that a re-base moves at least a block.
+    """
+    if block.is_global:
+        return None
+    keep = block.local_attn_size - block.sink_size
+    if max_positions < keep + block.num_frame_per_block:
+        raise ValueError(
+            f"rope_max_positions={max_positions} is too short for a window of {block.local_attn_size} frames "
+            f"with a sink of {block.sink_size}: it must be at least local_attn_size - sink_size + "
+            f"num_frame_per_block = {keep + block.num_frame_per_block}"
+        )
+    return RopeRebase(max_positions, keep)

@@ -1,9 +1,9 @@
 """Entry point of a sequence-parallel worker pod: one process per device, started by torchrun.
 
-    torchrun --nproc-per-node 4 -m workers.engine.parallel.run generate --dit-config wan2.1-14b \
+    torchrun --nproc-per-node 4 -m workers.engine.parallel.pod_main generate --dit-config wan2.1-14b \
         --weights dit.safetensors --prompt-embeds prompt.safetensors --latent-size 60 104 --blocks 7
-    torchrun --nproc-per-node 2 -m workers.engine.parallel.run golden tests/golden --strategy ring-pass-q
-    python -m workers.engine.parallel.run plan --dit-config wan2.1-1.3b --world-size 2 4 8
+    torchrun --nproc-per-node 2 -m workers.engine.parallel.pod_main golden tests/golden --strategy ring-pass-q
+    python -m workers.engine.parallel.pod_main plan --dit-config wan2.1-1.3b --world-size 2 4 8
 
 `run_pod(spec, serve)` runs on every rank: rank 0 runs `serve(driver)` (driving the pod through
 `PodDriver`) while the other ranks follow in lockstep. The worker service (`python -m workers`
@@ -27,8 +27,10 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from inferix.errors import CheckpointError, UserError
-from workers.engine.config import DIT_PRESETS, BlockConfig, SamplingConfig, WanDiTConfig
-from workers.engine.golden import DEFAULT_TOLERANCE, find_cases
+from inferix.spec.architectures import DIT_PRESETS, WanDiTConfig
+from inferix.spec.parity import GOLDEN_TOLERANCE
+from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
+from workers.engine.golden import find_cases
 from workers.engine.kv.pool import KVPool
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.models.wan.vae import WanVAE
@@ -43,8 +45,8 @@ from workers.engine.parallel.cost import (
 )
 from workers.engine.parallel.golden import verify_case_parallel
 from workers.engine.parallel.plan import STRATEGIES, ParallelConfigError
-from workers.engine.parallel.runner import BlockSink, ControlChannel, PodDriver, PodEngine, VAEDecodeSink, follow
-from workers.engine.pipeline import BlockDiffusionPipeline, PipelineConfig
+from workers.engine.parallel.pod_driver import BlockSink, ControlChannel, PodDriver, PodEngine, VAEDecodeSink, follow
+from workers.engine.pipeline import BlockDiffusionPipeline
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -93,7 +95,7 @@ def init_distributed(device_type: str | None = None) -> torch.device:
         if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
             raise UserError(
                 "a pod needs torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): "
-                "torchrun --nproc-per-node N -m workers.engine.parallel.run ..."
+                "torchrun --nproc-per-node N -m workers.engine.parallel.pod_main ..."
             )
         if cuda:
             torch.cuda.set_device(device)
@@ -272,7 +274,7 @@ def _cmd_golden(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m workers.engine.parallel.run",
+        prog="python -m workers.engine.parallel.pod_main",
         description="Sequence-parallel (Ulysses / Ring / hybrid) worker pod of the Inferix engine. "
         "'generate' and 'golden' run under torchrun, one process per device (NCCL on GPUs, gloo on CPU).",
     )
@@ -301,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     golden = sub.add_parser("golden", help="run golden cases through the parallel path and compare")
     golden.add_argument("directory", type=Path, metavar="DIR")
     _add_parallel_args(golden)
-    golden.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
+    golden.add_argument("--tolerance", type=float, default=GOLDEN_TOLERANCE)
     golden.add_argument("--threads", type=int, default=1)
     golden.set_defaults(func=_cmd_golden)
     return parser
@@ -315,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except UserError as exc:
-        print(f"workers.engine.parallel.run {args.command}: error: {exc}", file=sys.stderr)
+        print(f"workers.engine.parallel.pod_main {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
 

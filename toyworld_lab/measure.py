@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workers.engine.models.toyworld.world import BACKGROUND, PALETTE
+from toyworld_lab.world import BACKGROUND, PALETTE
 
 OBJECT_DISTANCE = 80.0  # RGB distance from the background beyond which a pixel is an object's
 MIN_AREA = 12  # pixels: less than this is no object (a ball of radius 5 covers ~79)

@@ -10,8 +10,8 @@
    `requestVideoFrameCallback` hook reads the index of every presented frame. Latency = presented
    (Chromium's clock) - pushed (ours); same machine, same wall clock. Target <= 250 ms p50.
 
-    python bench/streamer.py                         # both, defaults
-    python bench/streamer.py --seconds 20 --encoder h264_nvenc
+    python bench/streaming.py                         # both, defaults
+    python bench/streaming.py --seconds 20 --encoder h264_nvenc
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import json
 import multiprocessing
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -34,16 +33,12 @@ import av
 import grpc
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-# `python bench/streamer.py` puts bench/ first on sys.path, where this file would shadow the `streamer` package.
-sys.path.insert(0, str(ROOT))
-
-from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc  # noqa: E402
-from inferix.launch import start_service  # noqa: E402
-from inferix.viewer_token import ViewerTokens  # noqa: E402
-from streamer.encoder import LIBX264, H264Encoder  # noqa: E402
-from streamer.packets import StreamFormat  # noqa: E402
-from streamer.sinks import Mp4Recorder  # noqa: E402
+from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
+from inferix.mesh.launch import start_service
+from inferix.viewer_token import ViewerTokens
+from streamer.encoder import LIBX264, H264Encoder
+from streamer.packets import StreamFormat
+from streamer.sinks import Mp4Recorder
 
 WIDTH, HEIGHT, FPS = 832, 480, 16.0
 BITS = 16  # frame index cells in the top band

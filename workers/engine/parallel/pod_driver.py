@@ -9,7 +9,7 @@ shapes; only tensors of the block, never per-rank decisions, differ between them
 Everything after the DiT is rank 0's alone: finished blocks go to the `BlockSink` given to
 `PodDriver` (the streaming VAE decode and the hand-off to the streamer), never to the followers.
 The worker service holds each session as a `PodSession`: the surface of a `GenerationSession`
-(what `VideoSession` and the service call), every call of which is a pod command.
+(what `EngineSession` and the service call), every call of which is a pod command.
 
 Commands go out strictly one at a time: `PodDriver` sends and executes each under one lock, so two
 threads of rank 0 can never interleave their collectives.
@@ -31,7 +31,7 @@ from torch import Tensor
 from inferix.errors import InferixError
 from workers.engine.kv.pool import PagedSessionCache, SessionUsage
 from workers.engine.models.wan.vae import VAEDecodeState, WanVAE
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, CommittedBlock, GenerationSession
+from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, GenerationSession, ReplayBlock
 
 LOG = logging.getLogger(__name__)
 
@@ -63,8 +63,9 @@ class Replay:
     """Recovery by recompute: rebuild a session's (sharded) KV cache from its committed blocks."""
 
     session_id: str
-    blocks: list[CommittedBlock]
+    blocks: list[ReplayBlock]
     next_block: int | None = None
+    from_start: bool = True  # False: a later chunk of a replay in chunks
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,8 @@ def _to_cpu(command: Command) -> Command:
     if isinstance(command, OpenSession | SetPrompt):
         return dataclasses.replace(command, prompt_embeds=command.prompt_embeds.cpu())
     if isinstance(command, Replay):
-        blocks = [CommittedBlock(b.start_frame, b.latents.cpu(), b.prompt_embeds.cpu()) for b in command.blocks]
-        return Replay(command.session_id, blocks, command.next_block)
+        blocks = [ReplayBlock(b.start_frame, b.latents.cpu(), b.prompt_embeds.cpu()) for b in command.blocks]
+        return Replay(command.session_id, blocks, command.next_block, command.from_start)
     return command
 
 
@@ -162,9 +163,9 @@ class PodEngine:
         elif isinstance(command, Replay):
             device = self.pipeline.device
             blocks = [
-                CommittedBlock(b.start_frame, b.latents.to(device), b.prompt_embeds.to(device)) for b in command.blocks
+                ReplayBlock(b.start_frame, b.latents.to(device), b.prompt_embeds.to(device)) for b in command.blocks
             ]
-            self._session(command.session_id).replay(blocks, command.next_block)
+            self._session(command.session_id).replay(blocks, command.next_block, from_start=command.from_start)
         elif isinstance(command, CloseSession):
             self._session(command.session_id).close()
             del self.sessions[command.session_id]
@@ -229,9 +230,11 @@ class PodDriver:
                 self.sink(session_id, block)
         return block
 
-    def replay(self, session_id: str, blocks: list[CommittedBlock], next_block: int | None = None) -> None:
+    def replay(
+        self, session_id: str, blocks: list[ReplayBlock], next_block: int | None = None, from_start: bool = True
+    ) -> None:
         """Rebuild the session's cache on every rank from committed blocks (e.g. after a crash)."""
-        self._run(Replay(session_id, blocks, next_block))
+        self._run(Replay(session_id, blocks, next_block, from_start))
 
     def close_session(self, session_id: str) -> None:
         self._run(CloseSession(session_id))
@@ -269,10 +272,14 @@ class PodSessionCache:
     def usage(self) -> SessionUsage:
         return self.local.usage()
 
+    @property
+    def position_offset(self) -> int:
+        return self.local.position_offset
+
 
 class PodSession:
     """Rank 0's proxy of one session of the pod, with the surface of a `GenerationSession` that
-    `VideoSession` and the worker service use. Opening it opens the session on every rank; every
+    `EngineSession` and the worker service use. Opening it opens the session on every rank; every
     call that changes it is a pod command. Its counters are rank 0's own session's (all ranks agree).
     """
 
@@ -310,8 +317,8 @@ class PodSession:
     def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None:
         self.driver.set_prompt(self.session_id, prompt_embeds, recache)
 
-    def replay(self, blocks: Sequence[CommittedBlock], next_block: int | None = None) -> None:
-        self.driver.replay(self.session_id, list(blocks), next_block)
+    def replay(self, blocks: Sequence[ReplayBlock], next_block: int | None = None, *, from_start: bool = True) -> None:
+        self.driver.replay(self.session_id, list(blocks), next_block, from_start)
 
     def close(self) -> None:
         if not self.local.closed:

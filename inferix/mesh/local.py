@@ -9,7 +9,7 @@ Every child binds 127.0.0.1 (ports chosen by the OS unless given) and is stopped
 `Mesh.relaunch` starts a child again where the others expect it: kvcache_svc, the streamer and the
 scheduler on their gRPC ports (and the streamer's HTTP port), nginx on its RTMP port, a worker under
 its worker id (it registers its new address with kvcache_svc); metrics ports stay too, and logs are
-appended to. Nothing here restarts on its own: `inferix serve` opts in with inferix/supervisor.py.
+appended to. Nothing here restarts on its own: `inferix serve` opts in with inferix/mesh/supervisor.py.
 
 Live outputs: the streamer serves the viewer page (WebRTC) on its HTTP port, and the scheduler and
 streamer share a fresh viewer secret (INFERIX_VIEWER_SECRET) to sign and check viewer tokens. When
@@ -24,8 +24,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferix.launch import ServiceProcess, StartingService, launch_service
-from inferix.rtmp import NginxRtmp, nginx_rtmp_missing, start_nginx_rtmp
+from inferix.mesh.launch import ServiceProcess, StartingService, launch_service
+from inferix.mesh.rtmp_relay import NginxRtmp, nginx_rtmp_missing, start_nginx_rtmp
 from inferix.server import INTERNAL_TOKEN_ENV
 from inferix.viewer_token import SECRET_ENV
 
@@ -139,7 +139,7 @@ def _launch_worker(
         args += ["--threads", str(config.worker_threads)]
     module = "workers"
     if config.ranks_per_worker > 1:
-        # A pod: torchrun starts the ranks, rank 0 writes the port file and is stopped first (inferix/launch.py).
+        # A pod: torchrun starts the ranks, rank 0 writes the port file and is stopped first (inferix/mesh/launch.py).
         ranks = str(config.ranks_per_worker)
         args = ["--standalone", "--nnodes", "1", "--nproc-per-node", ranks, "--max-restarts", "0", "-m", module, *args]
         module = "torch.distributed.run"

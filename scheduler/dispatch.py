@@ -1,0 +1,226 @@
+"""The per-session dispatch loop, and the life of the loops across scheduler restarts.
+
+Each running session has one dispatch task that runs its blocks in order on its worker, at most
+`lookahead` blocks ahead of real-time playback, applying prompt changes / pause / stop at block
+boundaries, announcing each block once and persisting the record after each. A worker that fails
+mid-session is replaced through `Placement` and the session continues from its committed blocks.
+
+With a persistent store the scheduler may restart at any time: `drain` (SIGTERM) hands the live
+sessions over at a block boundary (it does not end them), and `resume` on the next scheduler
+continues every unfinished session from its record; the worker (or, if it died too, a successor
+restoring the committed blocks) tells it which blocks were made meanwhile, so clients see every
+block exactly once. With the in-memory store a shutdown ends the sessions as failed, never as
+completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from inferix.api.v1 import common_pb2, scheduler_pb2
+from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
+from scheduler import metrics
+from scheduler.config import Presets, SchedulerConfig
+from scheduler.placement import Placement
+from scheduler.sessions import SessionRecord
+from scheduler.table import NO_PERSISTENT_STORE, SessionTable
+
+log = logging.getLogger("inferix.scheduler")
+# ErrorEvent codes are gRPC status codes (google.rpc.Code); a session's own failure is INTERNAL.
+INTERNAL = 13
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a session ended: its final state and the reason given with it."""
+
+    state: int
+    reason: str
+
+
+class Dispatcher:
+    """Runs one dispatch task per unfinished session."""
+
+    def __init__(self, config: SchedulerConfig, table: SessionTable, placement: Placement, presets: Presets) -> None:
+        self.config = config
+        self.table = table
+        self.placement = placement
+        self.presets = presets
+        self.stopping = False
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, record: SessionRecord) -> None:
+        self._tasks[record.session_id] = asyncio.create_task(self._run(record), name=f"session-{record.session_id}")
+
+    async def cancel(self, record: SessionRecord) -> None:
+        """End an unfinished session as cancelled at its next block boundary; returns once it has ended
+        (or was handed over)."""
+        if record.terminal:
+            return
+        record.cancel_requested = True
+        record.wake()
+        task = self._tasks.get(record.session_id)
+        if task is not None:
+            # The caller going away (a cancelled RPC) must not cancel the session's own task.
+            await asyncio.shield(task)
+
+    async def resume(self) -> None:
+        """On start: load the stored sessions, resume the unfinished ones, and close sessions that
+        workers still run but no record describes (their scheduler died with an in-memory store)."""
+        resumed = 0
+        for record in await self.table.load(self.presets.revalidate):
+            self.table.records[record.session_id] = record
+            if not record.terminal:
+                record.publish(
+                    scheduler_pb2.InteractResponse(
+                        state=scheduler_pb2.StateChange(state=record.state, reason="resumed by a restarted scheduler")  # type: ignore[arg-type]
+                    )
+                )
+                self.start(record)
+                resumed += 1
+        orphans = await self.placement.find_orphans(self.table.records)
+        for orphan in orphans:  # answered for as failed from now on
+            self.table.lost[orphan.session_id] = NO_PERSISTENT_STORE
+        self.table.update_gauges()
+        self.table.loaded.set()
+        if resumed:
+            log.info("resumed %d unfinished session(s) from the store", resumed)
+        for orphan in orphans:
+            log.warning("session %s has no record (%s); closing it", orphan.session_id, NO_PERSISTENT_STORE)
+            await self.placement.close_orphan(orphan)
+
+    async def drain(self) -> None:
+        """On SIGTERM: every session stops at its next block boundary. With a persistent store it is
+        handed over (left unfinished for the next scheduler, on the same worker); without one it
+        ends as failed, its outputs finalized."""
+        self.stopping = True
+        for record in self.table.records.values():
+            record.wake()
+        if self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for record in self.table.records.values():
+            record.close_subscribers()
+
+    async def _run(self, record: SessionRecord) -> None:
+        """Drive the session to its end, or until a scheduler shutdown hands it over (then it stays
+        unfinished in the store, for the next scheduler to resume)."""
+        ending: Ending | None
+        try:
+            ending = await self._drive(record)
+        except asyncio.CancelledError:
+            return  # shutdown past its grace period: the stored record resumes elsewhere
+        except Exception as exc:  # a session failure must never take the scheduler down
+            log.exception("session %s failed", record.session_id)
+            record.error = f"{type(exc).__name__}: {exc}"
+            record.publish(
+                scheduler_pb2.InteractResponse(error=scheduler_pb2.ErrorEvent(code=INTERNAL, message=record.error))
+            )
+            ending = Ending(common_pb2.SESSION_STATE_FAILED, record.error)
+        if ending is None:
+            await self.table.persist(record)
+            self._tasks.pop(record.session_id, None)
+            return
+        if ending.state == common_pb2.SESSION_STATE_FAILED and not record.error:
+            record.error = ending.reason
+        # Outputs are finalized (MP4 written) before anyone is told the session ended.
+        await self.placement.close(record)
+        self._tasks.pop(record.session_id, None)
+        record.set_state(ending.state, ending.reason)
+        await self.table.persist(record)
+
+    async def _drive(self, record: SessionRecord) -> Ending | None:
+        """Place the session if needed, then run its blocks; how it ended, or None when the
+        scheduler is handing it over."""
+        while not record.worker_address:  # queued, or resumed by a new scheduler: find a worker
+            if record.cancel_requested:
+                return Ending(common_pb2.SESSION_STATE_CANCELLED, "cancelled while queued")
+            if self.stopping:
+                return self._handover()
+            if not await self.placement.try_place(record):
+                await record.wait(self.config.admission_retry_s)
+        if record.paused_since is None:
+            record.set_state(common_pb2.SESSION_STATE_RUNNING, f"running on {record.worker_id}")
+        await self.table.persist(record)
+        return await self._dispatch_blocks(record)
+
+    def _handover(self) -> Ending | None:
+        """At a shutdown: None (resume it later) with a persistent store, else the session ends as failed."""
+        if self.table.persistent:
+            return None
+        return Ending(common_pb2.SESSION_STATE_FAILED, NO_PERSISTENT_STORE)
+
+    async def _dispatch_blocks(self, record: SessionRecord) -> Ending | None:
+        """Run blocks until the session ends; how it ended (None: handed over)."""
+        schedule = {c.at_block: c for c in record.spec.prompts}
+        fps = float(self.presets.get(record.spec.model).video.fps)
+        frames_per_block = record.valid.shape.video_frames_per_block
+        recoveries = 0
+        while True:
+            if record.cancel_requested:
+                return Ending(common_pb2.SESSION_STATE_CANCELLED, "cancelled by the client")
+            if record.stop_requested or (record.valid.num_blocks and record.next_block >= record.valid.num_blocks):
+                return Ending(common_pb2.SESSION_STATE_COMPLETED, "stopped" if record.stop_requested else "done")
+            if self.stopping:
+                return self._handover()
+            if record.paused_since is not None:
+                await record.wait(None)
+                continue
+            ahead = record.next_block * frames_per_block - record.playback_frame(fps)
+            if record.first_block_at is not None and ahead > record.valid.lookahead * frames_per_block:
+                await record.wait((ahead - record.valid.lookahead * frames_per_block) / fps)
+                continue
+            block = record.next_block
+            recache = False
+            if block in schedule:
+                record.current_prompt, recache = schedule[block].text, schedule[block].recache
+            if record.pending_prompt is not None:
+                record.current_prompt, recache = record.pending_prompt.text, record.pending_prompt.recache
+                record.pending_prompt = None
+            try:
+                await self._run_block(record, block, recache)
+            except Exception as exc:
+                failure = self.placement.failure(exc)
+                if failure is None or recoveries >= self.config.max_recoveries:
+                    raise
+                recoveries += 1
+                await self._recover(record, failure)
+
+    async def _run_block(self, record: SessionRecord, block: int, recache: bool) -> None:
+        record.in_flight = block
+        started = time.perf_counter()
+        try:
+            with tracer("inferix.scheduler").start_as_current_span(
+                "scheduler.block", attributes={SESSION_ID_ATTR: record.session_id, BLOCK_INDEX_ATTR: block}
+            ):
+                call_started = time.perf_counter()
+                event = await self.placement.run_block(record, block, recache)
+                call_s = time.perf_counter() - call_started
+        finally:
+            record.in_flight = None
+        elapsed = time.perf_counter() - started
+        event.timings.dispatch_to_done_ms = elapsed * 1e3
+        record.next_block = block + 1
+        if record.first_block_at is None:
+            record.first_block_at = time.monotonic()
+            metrics.TIME_TO_FIRST_BLOCK.observe(time.time() - record.created_at)
+        metrics.BLOCKS.inc()
+        metrics.BLOCK_LATENCY.observe(elapsed)
+        record.announce(event)
+        await self.table.persist(record)
+        metrics.DISPATCH_OVERHEAD.observe(time.perf_counter() - started - call_s)
+
+    async def _recover(self, record: SessionRecord, failure: str) -> None:
+        failed = record.worker_id
+        log.warning("worker %s failed on session %s (%s); re-placing", failed, record.session_id, failure)
+        record.publish(
+            scheduler_pb2.InteractResponse(
+                state=scheduler_pb2.StateChange(state=record.state, reason=f"worker {failed} failed; recovering")  # type: ignore[arg-type]
+            )
+        )
+        await self.placement.replace(record, f"{failure} during a block")
+        await self.table.persist(record)
+        metrics.RECOVERIES.inc()
+        log.info("session %s continues on %s from block %d", record.session_id, record.worker_id, record.next_block)

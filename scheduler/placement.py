@@ -1,0 +1,363 @@
+"""Where sessions run: admission through kvcache_svc (which knows every worker's KV capacity),
+opening a session on a worker, the calls to a session's worker (watched by health probes), moving
+a session off a failed worker, releasing its room, and closing the sessions that workers run but
+no record describes (orphans).
+
+Placement never settles on a worker it cannot reach: a transport failure of `OpenSession` (or a
+worker that stops answering health probes during a call) excludes that worker, reports it to
+kvcache_svc (no admission on it until it heartbeats again) and tries the next one. A worker that
+fails mid-session is replaced the same way, and the new worker rebuilds the KV cache from the
+committed blocks (recovery by recompute).
+
+kvcache_svc and the workers are reached through the `KVCache` and `WorkerClient` protocols; their
+gRPC adapters are in `scheduler.grpc_clients`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Container
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from inferix.api.v1 import common_pb2
+from scheduler.config import SchedulerConfig
+from scheduler.sessions import SessionRecord
+
+log = logging.getLogger("inferix.scheduler")
+T = TypeVar("T")
+
+
+class PlacementUnavailable(Exception):
+    """kvcache_svc (placement) cannot be reached."""
+
+
+class WorkerUnresponsive(Exception):
+    """A worker accepted a call but stopped answering health probes (e.g. a stopped process)."""
+
+
+class CallFailed(Exception):
+    """A call whose failure is only logged (all but opening a session and running a block) failed.
+
+    `code` names the status, e.g. "UNAVAILABLE"."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}")
+        self.code = code
+        self.details = details
+
+
+@dataclass(frozen=True)
+class WorkerRef:
+    """The worker that admitted a session."""
+
+    worker_id: str
+    address: str
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A registered worker, as kvcache_svc sees it."""
+
+    address: str
+    model: str
+    alive: bool
+    suspect: bool  # missed heartbeats or was reported failed; it may come back
+
+
+@dataclass(frozen=True)
+class OpenedSession:
+    """A session open on a worker: the next block to make, and the events of the blocks the worker
+    holds from the `announced_blocks` it was asked for on, in block order."""
+
+    next_block: int
+    blocks: list[common_pb2.BlockEvent]
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A session a worker runs that no record describes."""
+
+    address: str
+    session_id: str
+
+
+class KVCache(Protocol):
+    """kvcache_svc: admission of sessions on workers with KV room, and the workers' liveness."""
+
+    async def admit(
+        self, session_id: str, model: str, pages: int, exclude: list[str], timeout: float
+    ) -> WorkerRef | None:
+        """Reserve `pages` on a live worker of `model` outside `exclude`; None when none has room (or none
+        serves the model). Raises `PlacementUnavailable` when kvcache_svc cannot be reached."""
+        ...
+
+    async def workers(self, timeout: float) -> list[WorkerInfo]:
+        """Every registered worker (`CallFailed`)."""
+        ...
+
+    async def report_failure(self, worker_id: str, reason: str, timeout: float) -> None:
+        """No admission on the worker until it heartbeats again (`CallFailed`)."""
+        ...
+
+    async def release(self, session_id: str, timeout: float) -> None:
+        """Free the session's reservation, if it holds one (`CallFailed`)."""
+        ...
+
+    async def set_activity(self, session_id: str, paused: bool, timeout: float) -> None:
+        """A paused session's pages may move to host memory (`CallFailed`)."""
+        ...
+
+
+class WorkerClient(Protocol):
+    """The workers, by address.
+
+    `open_session` and `run_block` raise the transport's own errors unchanged (a worker's refusal
+    reaches the client with its status, an engine error becomes the session's error); `unreachable`
+    tells which of them mean the worker is gone. The other calls raise `CallFailed`."""
+
+    def unreachable(self, exc: Exception) -> str | None:
+        """The status name when `exc`, raised by a call here, means the worker could not be reached or
+        did not answer in time; None for any other error."""
+        ...
+
+    async def probe(self, address: str, timeout: float) -> bool:
+        """Whether the worker answers a health check."""
+        ...
+
+    async def open_session(
+        self,
+        address: str,
+        session_id: str,
+        spec: common_pb2.SessionSpec,
+        streamer_address: str,
+        announced_blocks: int,
+        timeout: float,
+    ) -> OpenedSession:
+        """Open the session, or find it open; a worker new to it restores its committed blocks."""
+        ...
+
+    async def run_block(
+        self, address: str, session_id: str, block_index: int, prompt: str, recache: bool, timeout: float
+    ) -> common_pb2.BlockEvent:
+        """Make one block; it is committed when this returns."""
+        ...
+
+    async def close_session(self, address: str, session_id: str, timeout: float) -> None:
+        """Finish the session's outputs (its MP4 is written) and drop it (`CallFailed`)."""
+        ...
+
+    async def prefetch(self, address: str, session_id: str, timeout: float) -> None:
+        """Bring a resumed session's KV pages back from host memory (`CallFailed`)."""
+        ...
+
+    async def session_ids(self, address: str, timeout: float) -> list[str]:
+        """The sessions the worker holds (`CallFailed`)."""
+        ...
+
+
+class Placement:
+    """Puts sessions on workers, makes the calls to their workers, and moves them when one fails."""
+
+    def __init__(self, config: SchedulerConfig, kvcache: KVCache, workers: WorkerClient) -> None:
+        self.config = config
+        self.kvcache = kvcache
+        self.workers = workers
+
+    def failure(self, exc: Exception) -> str | None:
+        """What went wrong when `exc` (from `place` or `run_block`) means the session's worker could not
+        be reached or stopped answering, so the session must move; None for any other error."""
+        if isinstance(exc, WorkerUnresponsive):
+            return str(exc)
+        return self.workers.unreachable(exc)
+
+    async def served_models(self) -> set[str]:
+        """Models of the registered workers that are up (a suspect one still counts: it may come back).
+        Raises `CallFailed` when kvcache_svc does not answer."""
+        workers = await self.kvcache.workers(timeout=self.config.internal_deadline_s)
+        return {w.model for w in workers if w.alive or w.suspect}
+
+    async def place(self, record: SessionRecord) -> bool:
+        """Admit and open the session on a live worker; False when no live worker has room now.
+
+        A worker that cannot be reached is reported to kvcache_svc and skipped, so a departed or
+        hung worker never keeps a session (or a client) waiting. Raises `PlacementUnavailable` when
+        kvcache_svc cannot be reached; a worker's refusal propagates.
+        """
+        excluded: list[str] = []  # unreachable on this attempt
+        while await self._admit(record, excluded):
+            try:
+                await self._open_on_worker(record)
+                return True
+            except Exception as exc:
+                failure = self.failure(exc)
+                if failure is None:
+                    raise
+                log.warning(
+                    "session %s: worker %s unreachable on open (%s); trying another worker",
+                    record.session_id,
+                    record.worker_id,
+                    failure,
+                )
+                await self._report_failure(record.worker_id, f"OpenSession: {failure}")
+                excluded.append(record.worker_id)
+                record.worker_id = record.worker_address = ""
+        return False
+
+    async def try_place(self, record: SessionRecord) -> bool:
+        """`place` for a session that waits: kvcache_svc being away is one more reason to wait."""
+        try:
+            return await self.place(record)
+        except PlacementUnavailable as exc:
+            log.warning("session %s waits for placement: %s", record.session_id, exc)
+            return False
+
+    async def replace(self, record: SessionRecord, reason: str) -> None:
+        """Move the session off its failed worker: report the worker, then place the session again,
+        waiting for room up to `block_deadline_s` (RuntimeError after that, or once it is cancelled)."""
+        failed = record.worker_id
+        # Reported, not excluded: kvcache_svc admits nothing on it until it heartbeats again, so the same
+        # worker id is eligible once it has restarted (the only worker of a small mesh, a StatefulSet pod).
+        await self._report_failure(failed, reason)
+        record.worker_id = record.worker_address = ""
+        deadline = time.monotonic() + self.config.block_deadline_s
+        while not await self.try_place(record):
+            if time.monotonic() > deadline or record.cancel_requested:
+                raise RuntimeError(f"no worker could take over session {record.session_id} after {failed} failed")
+            await record.wait(self.config.admission_retry_s)
+
+    async def run_block(self, record: SessionRecord, block: int, recache: bool) -> common_pb2.BlockEvent:
+        """Make `block` of the session, with its current prompt, on its worker."""
+        address = record.worker_address
+        return await self._watched(
+            address,
+            self.workers.run_block(
+                address,
+                session_id=record.session_id,
+                block_index=block,
+                prompt=record.current_prompt,
+                recache=recache,
+                timeout=self.config.block_deadline_s,
+            ),
+        )
+
+    async def set_activity(self, record: SessionRecord, paused: bool) -> None:
+        """Tell kvcache_svc (a paused session's pages go to host memory); on resume, prefetch them back."""
+        try:
+            await self.kvcache.set_activity(record.session_id, paused, timeout=self.config.internal_deadline_s)
+            if not paused and record.worker_address:
+                await self.workers.prefetch(
+                    record.worker_address, record.session_id, timeout=self.config.internal_deadline_s
+                )
+        except CallFailed as exc:  # an optimisation: the next block restores pages anyway
+            log.warning("activity update of %s failed: %s", record.session_id, exc.details)
+
+    async def close(self, record: SessionRecord) -> None:
+        """Finish the session on its worker (its outputs are finalized) and free its room."""
+        if record.worker_address:
+            try:
+                await self.workers.close_session(
+                    record.worker_address, record.session_id, timeout=self.config.internal_deadline_s
+                )
+            except CallFailed as exc:
+                log.warning("closing %s on %s failed: %s", record.session_id, record.worker_id, exc.details)
+        await self.release(record)
+
+    async def release(self, record: SessionRecord) -> None:
+        try:
+            await self.kvcache.release(record.session_id, timeout=self.config.internal_deadline_s)
+        except CallFailed as exc:
+            log.warning("release of %s failed: %s", record.session_id, exc.details)
+
+    async def find_orphans(self, known: Container[str]) -> list[Orphan]:
+        """Sessions that live workers run but `known` does not hold (their scheduler died with an
+        in-memory store)."""
+        probe_s = self.config.probe_timeout_s
+        try:
+            workers = await self.kvcache.workers(timeout=probe_s)
+        except CallFailed as exc:
+            log.warning("cannot look for orphaned sessions: kvcache_svc %s", exc.code)
+            return []
+        orphans = []
+        for worker in workers:
+            if not worker.alive:
+                continue
+            try:
+                session_ids = await self.workers.session_ids(worker.address, timeout=probe_s)
+            except CallFailed:
+                continue
+            orphans += [Orphan(worker.address, session_id) for session_id in session_ids if session_id not in known]
+        return orphans
+
+    async def close_orphan(self, orphan: Orphan) -> None:
+        """Finish an orphaned session's outputs (its MP4 is written) and free its room."""
+        try:
+            await self.workers.close_session(orphan.address, orphan.session_id, timeout=self.config.internal_deadline_s)
+        except CallFailed as exc:
+            log.warning("closing orphaned session %s failed: %s", orphan.session_id, exc.code)
+        with contextlib.suppress(CallFailed):
+            await self.kvcache.release(orphan.session_id, timeout=self.config.internal_deadline_s)
+
+    async def _admit(self, record: SessionRecord, exclude: list[str]) -> bool:
+        """Reserve KV room on a live worker (False: none has room, or none serves the model)."""
+        worker = await self.kvcache.admit(
+            record.session_id,
+            record.spec.model,
+            record.valid.shape.pages,
+            exclude,
+            timeout=self.config.internal_deadline_s,
+        )
+        if worker is None:
+            return False
+        record.worker_id, record.worker_address = worker.worker_id, worker.address
+        return True
+
+    async def _open_on_worker(self, record: SessionRecord) -> None:
+        """Open (or find open) the session on its worker; announce blocks made while nobody listened."""
+        opened = await self._watched(
+            record.worker_address,
+            self.workers.open_session(
+                record.worker_address,
+                session_id=record.session_id,
+                spec=record.spec,
+                streamer_address=self.config.streamer_address,
+                # A resumed record has no event history yet: ask for every block the worker knows.
+                announced_blocks=0 if record.history_missing else record.announced_blocks,
+                timeout=self.config.block_deadline_s,
+            ),
+        )
+        record.next_block = opened.next_block
+        if record.history_missing:
+            record.restore_history(opened.blocks)
+        for event in opened.blocks:  # in block order
+            record.announce(event)
+
+    async def _report_failure(self, worker_id: str, reason: str) -> None:
+        try:
+            await self.kvcache.report_failure(worker_id, reason, timeout=self.config.internal_deadline_s)
+        except CallFailed as exc:  # placement still excludes it for this session
+            log.warning("could not report worker %s as failed: %s", worker_id, exc.code)
+
+    async def _watched(self, address: str, call: Awaitable[T]) -> T:
+        """Await a call to a worker while probing its health: a worker that accepted the call but
+        stopped answering (a stopped or wedged process) raises `WorkerUnresponsive` within
+        about `probe_misses * (probe_interval_s + probe_timeout_s)`, whatever the call's deadline."""
+        task = asyncio.ensure_future(call)
+        misses = 0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self.config.probe_interval_s)
+                if done:
+                    return task.result()
+                if await self.workers.probe(address, timeout=self.config.probe_timeout_s):
+                    misses = 0
+                    continue
+                misses += 1
+                if misses >= self.config.probe_misses and not task.done():
+                    raise WorkerUnresponsive(f"the worker missed {misses} health probes in a row during the call")
+        finally:
+            if not task.done():
+                task.cancel()

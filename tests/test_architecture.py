@@ -1,0 +1,73 @@
+"""The layers hold: import-linter's contracts are kept, and the control plane runs without torch.
+
+The torch check watches real processes: a mesh whose services log every module they import
+(`PYTHONPROFILEIMPORTTIME`), through start-up and a whole session, and `inferix session` commands
+run the same way. An import that happens only on a request path is caught too.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferix.client import BlockDone, Client
+from inferix.mesh import Mesh, start_mesh
+from tests.mesh.conftest import KEY_A, mesh_config
+
+ROOT = Path(__file__).parents[1]
+IMPORTS_LOGGED = {"PYTHONPROFILEIMPORTTIME": "1"}
+TORCH_IMPORT = re.compile(r"^import time:.*\|\s+torch(\.|$)", re.MULTILINE)
+
+
+def imported_modules(log: str) -> set[str]:
+    return {line.rsplit("|", 1)[1].strip() for line in log.splitlines() if line.startswith("import time:")}
+
+
+def test_import_contracts_are_kept() -> None:
+    lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    result = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 2 kept, 0 broken." in result.stdout, result.stdout
+
+
+@pytest.fixture(scope="module")
+def logged_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    running = start_mesh(mesh_config(tmp_path_factory.mktemp("imports-mesh"), workers=1, env=IMPORTS_LOGGED))
+    yield running
+    running.stop()
+
+
+def test_scheduler_kvcache_and_streamer_run_a_session_without_torch(logged_mesh: Mesh) -> None:
+    with Client(logged_mesh.address, api_key=KEY_A, timeout=60) as client:
+        info = client.create_session("a red ball", num_blocks=2)
+        assert [e.block_index for e in client.events(info.session_id) if isinstance(e, BlockDone)] == [0, 1]
+    logs = {
+        name: (logged_mesh.config.workdir / f"{name}.log").read_text() for name in ("scheduler", "kvcache", "streamer")
+    }
+    worker_log = (logged_mesh.config.workdir / "worker0.log").read_text()
+    assert "torch" in imported_modules(worker_log)  # the check sees imports: the worker does load torch
+    for name, log in logs.items():
+        assert "grpc" in imported_modules(log), f"{name}: no import log"
+        assert not TORCH_IMPORT.search(log), f"{name} imported torch"
+
+
+def test_inferix_session_commands_run_without_torch(logged_mesh: Mesh) -> None:
+    base = [sys.executable, "-m", "inferix", "session", "--server", logged_mesh.address, "--api-key", KEY_A]
+    env = {**IMPORTS_LOGGED, "PATH": "/usr/bin:/bin"}
+    created = subprocess.run(
+        [*base, "create", "--prompt", "a red ball", "--prompt-at", '1:"a green ball"', "--blocks", "2"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr[-2000:]
+    session_id = created.stdout.strip()
+    watched = subprocess.run([*base, "watch", session_id], capture_output=True, text=True, timeout=120, env=env)
+    assert watched.returncode == 0 and "block" in watched.stdout, watched.stderr[-2000:]
+    for run in (created, watched):
+        assert "inferix.spec.schedule" in imported_modules(run.stderr) or run is watched
+        assert not TORCH_IMPORT.search(run.stderr), "inferix session imported torch"

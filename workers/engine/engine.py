@@ -1,0 +1,338 @@
+"""The engine's front door: `Engine` opens sessions, an `EngineSession` turns prompts into blocks.
+
+This is the in-process API that `inferix generate`, the worker service, the benches and the toyworld
+tools use, and that people embed in a notebook or their own server::
+
+    from workers.engine import Engine
+
+    engine = Engine.load("toyworld")              # or a model folder; Engine(model, pool) to share a pool
+    with engine.open("a red ball", num_blocks=8, seed=7) as session:
+        for block in session:                      # VideoBlock: clean latents + uint8 RGB frames
+            if block.index == 3:
+                session.set_prompt("a green ball")  # from the next block on
+            ...
+        session.offload(); session.prefetch()      # park / bring back its KV pages
+
+An `EngineSession` wraps a `BlockSession` -- the block loop of one session -- with the prompt
+encoder and the streaming VAE decoder: each `next_block()` returns the block's clean latents (what
+a store persists) and its decoded RGB frames (what the streamer shows). Because `inferix generate`
+and the worker service run this same code, a session served through the mesh gives the same frames
+as the CLI.
+
+The block loop runs in this process (`GenerationSession`) or, on a sequence-parallel worker pod
+(`Engine(model, driver=...)`, rank 0), on every rank of the pod (`PodSession`): the DiT steps run
+everywhere, while the text encoder and the VAE decode run here, on rank 0 only; the other ranks
+receive prompt embeddings, never text, and decode nothing. Both implement `BlockSession`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from inferix.errors import UserError
+from inferix.profiling import profile
+from inferix.spec.blocks import CommittedBlock
+from workers.engine.kv.pool import KVPool, SessionUsage
+from workers.engine.model_dir import LoadedModel, load_model
+from workers.engine.parallel.pod_driver import PodDriver, PodSession
+from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, ReplayBlock
+
+
+class SessionCache(Protocol):
+    """What the front door needs of a session's KV cache (a paged cache, or a pod's proxy of one)."""
+
+    @property
+    def position_offset(self) -> int: ...
+
+    def offload(self) -> None: ...
+
+    def prefetch(self) -> None: ...
+
+    def usage(self) -> SessionUsage: ...
+
+
+class BlockSession(Protocol):
+    """The block loop of one session, in this process (`GenerationSession`) or on every rank of a
+    worker pod (`PodSession`)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def next_block(self) -> int: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def cache(self) -> SessionCache: ...
+
+    def generate_block(self) -> BlockOutput: ...
+
+    def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None: ...
+
+    def replay(
+        self, blocks: Sequence[ReplayBlock], next_block: int | None = None, *, from_start: bool = True
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class BlockDecoder(Protocol):
+    """What a session needs of its VAE (`WanVAE`, `PatchVAE`): streaming decode, block by block."""
+
+    def new_decode_state(self) -> Any: ...
+
+    def decode_block(self, latents_block: Tensor, state: Any) -> Tensor: ...
+
+
+@dataclass
+class VideoBlock:
+    index: int
+    start_frame: int  # latent-frame index of latents[:, 0]
+    first_frame: int  # pixel-frame index of frames[0] in the whole video
+    latents: Tensor  # [1, F, C, h, w] float32 on the CPU
+    frames: np.ndarray  # uint8 [T, H, W, 3]
+    prompt: str
+    denoise_s: float
+    context_s: float
+    decode_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.denoise_s + self.context_s + self.decode_s
+
+    def committed(self) -> CommittedBlock:
+        """What the mesh stores of this block, for recovery by recompute."""
+        latents = self.latents[0].contiguous().numpy().astype("<f4")
+        return CommittedBlock(self.index, self.start_frame, tuple(latents.shape), latents.tobytes(), self.prompt)
+
+
+def committed_latents(block: CommittedBlock) -> Tensor:
+    """A committed block's clean latents as the engine holds them: [1, frames, channels, h, w] float32."""
+    array = np.frombuffer(block.latents, dtype="<f4").reshape(block.shape)
+    return torch.from_numpy(array.copy()).unsqueeze(0)
+
+
+def to_uint8_frames(video: Tensor) -> np.ndarray:
+    """VAE output [1, T, 3, H, W] in [-1, 1] -> uint8 [T, H, W, 3] (x*0.5+0.5, rounded)."""
+    unit = (video[0].float() * 0.5 + 0.5).clamp(0, 1)
+    return (unit * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu().numpy()
+
+
+class EngineSession:
+    """One video: prompt text in, `VideoBlock`s out. Iterate it or call `next_block()`."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        pipeline: BlockDiffusionPipeline,
+        prompt: str,
+        width: int,
+        height: int,
+        seed: int,
+        num_blocks: int | None,
+        session_id: str,
+        driver: PodDriver | None = None,
+    ) -> None:
+        factor = model.vae.config.spatial_factor
+        multiple = factor * model.dit.config.patch_size[1]
+        if width % multiple or height % multiple or width <= 0 or height <= 0:
+            raise UserError(f"resolution {width}x{height} must be positive multiples of {multiple} (e.g. 832x480)")
+        self.model = model
+        self.width, self.height = width, height
+        self.prompt_text = prompt
+        embeds = self._encode(prompt)
+        size = (height // factor, width // factor)
+        # The block loop: in this process, or (rank 0 of a worker pod) on every rank of the pod.
+        self.session: BlockSession
+        if driver is None:
+            self.session = pipeline.open_session(embeds, *size, seed=seed, num_blocks=num_blocks, session_id=session_id)
+        else:
+            self.session = PodSession(driver, session_id, embeds, *size, seed=seed, num_blocks=num_blocks)
+        self.decoder: BlockDecoder = model.vae
+        self.decode_state = self.decoder.new_decode_state()
+        self.next_frame = 0
+
+    @property
+    def session_id(self) -> str:
+        return self.session.session_id
+
+    @property
+    def next_block_index(self) -> int:
+        return self.session.next_block
+
+    @property
+    def finished(self) -> bool:
+        return self.session.finished
+
+    def _encode(self, text: str) -> Tensor:
+        if not text.strip():
+            raise UserError("the prompt is empty: write what the video should show")
+        with profile("text_encode"):
+            return self.model.prompt_encoder.encode([text])
+
+    def set_prompt(self, text: str, recache: bool = False) -> None:
+        """Switch prompt at the next block boundary."""
+        self.session.set_prompt(self._encode(text), recache=recache)
+        self.prompt_text = text
+
+    def next_block(self) -> VideoBlock:
+        block = self.session.generate_block()
+        began = time.perf_counter()
+        with profile("vae_decode"):
+            video = self.decoder.decode_block(block.latents, self.decode_state)
+            frames = to_uint8_frames(video)
+        decode_s = time.perf_counter() - began
+        first = self.next_frame
+        self.next_frame += frames.shape[0]
+        return VideoBlock(
+            index=block.index,
+            start_frame=block.start_frame,
+            first_frame=first,
+            latents=block.latents.float().cpu(),
+            frames=frames,
+            prompt=self.prompt_text,
+            denoise_s=block.timings.denoise_s,
+            context_s=block.timings.context_s,
+            decode_s=decode_s,
+        )
+
+    def __iter__(self) -> Iterator[VideoBlock]:
+        while not self.finished:
+            yield self.next_block()
+
+    @torch.no_grad()
+    def restore(self, committed: Sequence[CommittedBlock], *, from_start: bool = True) -> list[int]:
+        """Continue a session from its committed blocks, in order.
+
+        The KV cache is rebuilt by context passes and the VAE decoder state by decoding the
+        committed latents again (output dropped), so the next block's frames are exactly those
+        of the uninterrupted run. Returns the pixel frames of each committed block. A long
+        history is restored in chunks: `from_start=False` continues the previous call.
+        """
+        embeds: dict[str, Tensor] = {}
+        blocks = []
+        for block in committed:
+            if block.prompt not in embeds:
+                embeds[block.prompt] = self._encode(block.prompt)
+            blocks.append(ReplayBlock(block.start_frame, committed_latents(block), embeds[block.prompt]))
+        if from_start:
+            self.decode_state = self.decoder.new_decode_state()
+            self.next_frame = 0
+        restored = (0 if from_start else self.session.next_block) + len(blocks)
+        self.session.replay(blocks, next_block=restored, from_start=from_start)
+        frames = [self.decoder.decode_block(b.latents, self.decode_state).shape[1] for b in blocks]
+        self.next_frame += sum(frames)
+        if committed:
+            self.prompt_text = committed[-1].prompt
+        return frames
+
+    def new_redecode_state(self) -> Any:
+        """A decoder state for `redecode`: the session's own decoder is never touched."""
+        return self.decoder.new_decode_state()
+
+    @torch.no_grad()
+    def redecode(self, block: CommittedBlock, state: Any) -> np.ndarray:
+        """One committed block's frames decoded anew (blocks in order from the first, one `state`
+        for all): the same frames as when they were made."""
+        return to_uint8_frames(self.decoder.decode_block(committed_latents(block), state))
+
+    def close(self) -> None:
+        self.session.close()
+
+    def offload(self) -> None:
+        """Move the session's KV pages to host memory (`KVCapacityError` if the host tier is full)."""
+        self.session.cache.offload()
+
+    def prefetch(self) -> None:
+        """Bring offloaded KV pages back to the device (a no-op when none are offloaded)."""
+        self.session.cache.prefetch()
+
+    def kv_usage(self) -> SessionUsage:
+        """The session's KV pages: on the device, offloaded, and what it may hold at most."""
+        return self.session.cache.usage()
+
+    @property
+    def position_offset(self) -> int:
+        """How far the session has re-based its RoPE time positions (0 until its table's end)."""
+        return self.session.cache.position_offset
+
+    def __enter__(self) -> EngineSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Engine:
+    """A loaded model plus its block pipeline and KV pool; opens `EngineSession`s.
+
+    With `driver` (rank 0 of a worker pod) the pipeline and pool are the driver's, and sessions
+    open on every rank of the pod.
+    """
+
+    def __init__(self, model: LoadedModel, pool: KVPool | None = None, driver: PodDriver | None = None) -> None:
+        if driver is not None and pool is not None:
+            raise ValueError("a pod's KV pool is its driver's pipeline's: pass pool or driver, not both")
+        self.model = model
+        self.driver = driver
+        self.pipeline = (
+            driver.engine.pipeline
+            if driver is not None
+            else BlockDiffusionPipeline(model.dit, model.pipeline_config, pool)
+        )
+
+    @classmethod
+    def load(
+        cls,
+        model: str | Path | None = None,
+        *,
+        dtype: torch.dtype | str = torch.float32,
+        device: torch.device | str = "cpu",
+        attention_backend: str = "auto",
+        pool: KVPool | None = None,
+    ) -> Engine:
+        """An engine over a model folder or a built-in model (`toyworld` when None, `tiny`)."""
+        return cls(load_model(model, dtype=dtype, device=device, attention_backend=attention_backend), pool)
+
+    @property
+    def pool(self) -> KVPool | None:
+        """The KV pool sessions take their pages from (None: each session sizes its own)."""
+        return self.pipeline.pool
+
+    @property
+    def denoising_steps(self) -> int:
+        """DiT calls that denoise one block (a context pass follows them)."""
+        return len(self.pipeline.timesteps)
+
+    def open(
+        self,
+        prompt: str,
+        *,
+        width: int | None = None,
+        height: int | None = None,
+        seed: int = 0,
+        num_blocks: int | None = None,
+        session_id: str | None = None,
+    ) -> EngineSession:
+        return EngineSession(
+            self.model,
+            self.pipeline,
+            prompt,
+            width or self.model.width,
+            height or self.model.height,
+            seed,
+            num_blocks,
+            session_id or uuid.uuid4().hex,
+            self.driver,
+        )
