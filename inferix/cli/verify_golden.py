@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from inferix.errors import UserError
 from inferix.spec.parity import GOLDEN_TOLERANCE
 
 
@@ -30,18 +31,39 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per comparison")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, as the reference)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (default, as the reference), cuda, cuda:1, ...; TF32 is off on CUDA"
+    )
+    parser.add_argument(
+        "--dtype",
+        default="fp32",
+        help="weights of the networks: fp32 (default, as the reference), bf16 or fp16 (expect diffs above 1e-5)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from workers.engine.checkpoint import parse_dtype
     from workers.engine.golden import find_cases, verify_case
 
     torch.set_num_threads(args.threads)
+    dtype = parse_dtype(args.dtype)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as exc:
+        raise UserError(f"--device {args.device!r}: {exc}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {args.device}: CUDA is not available here (torch {torch.__version__})")
+        # The reference ran in true fp32: TF32 matmuls and convolutions (10-bit mantissa) would
+        # add ~1e-3 errors and hide real differences behind them.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     failed = 0
     total = 0
-    for case in find_cases(args.directory):
+    for case in find_cases(args.directory, device, dtype):
         for comparison in verify_case(case, args.tolerance):
             total += 1
             failed += not comparison.passed

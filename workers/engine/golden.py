@@ -3,6 +3,10 @@
 A case folder (see tests/golden/README.md) holds `config.json` plus safetensors files produced
 by the reference code on tiny random models. `find_cases` accepts a case folder or a folder of
 case folders; `verify_case` returns one `Comparison` per compared tensor.
+
+The reference ran in fp32 on the CPU, the default here. A case may run on another device and in
+another weight dtype (`GoldenCase(..., device="cuda", dtype=torch.bfloat16)`): its tensors are
+loaded there and the networks built there, so the same checks measure a CUDA or bf16 engine.
 """
 
 from __future__ import annotations
@@ -49,9 +53,11 @@ class Comparison:
 class GoldenCase:
     """Lazy access to one case folder's config and tensor files."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
         self.folder = folder
         self.name = folder.name
+        self.device = torch.device(device)
+        self.dtype = dtype  # of the networks' weights; inputs and references stay as stored
         try:
             self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
         except (OSError, json.JSONDecodeError) as exc:
@@ -63,7 +69,7 @@ class GoldenCase:
             path = self.folder / f"{stem}.safetensors"
             if not path.is_file():
                 raise UserError(f"{path}: missing golden file (expected next to config.json)")
-            self._files[stem] = load_file(str(path))
+            self._files[stem] = load_file(str(path), device=str(self.device))
         return self._files[stem]
 
     def has(self, stem: str) -> bool:
@@ -101,16 +107,16 @@ class GoldenCase:
     def build_dit(self) -> CausalWanDiT:
         dit = CausalWanDiT(self.dit_config(), attention_backend="sdpa")
         dit.load_state_dict(self.tensors("dit"), strict=True)
-        return dit.eval()
+        return dit.to(device=self.device, dtype=self.dtype).eval()
 
 
-def find_cases(root: Path) -> list[GoldenCase]:
+def find_cases(root: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[GoldenCase]:
     """The case folders at `root`: itself if it has a config.json, else its sub-folders that do."""
     if not root.is_dir():
         raise UserError(f"{root}: not a directory; pass a golden case folder or a folder of them")
     if (root / "config.json").is_file():
-        return [GoldenCase(root)]
-    cases = [GoldenCase(p) for p in sorted(root.iterdir()) if (p / "config.json").is_file()]
+        return [GoldenCase(root, device, dtype)]
+    cases = [GoldenCase(p, device, dtype) for p in sorted(root.iterdir()) if (p / "config.json").is_file()]
     if not cases:
         raise UserError(f"{root}: no golden case found (a case is a folder with config.json)")
     return cases
@@ -121,7 +127,8 @@ def _diff(a: Tensor, b: Tensor) -> float:
         raise AssertionError(f"shape mismatch: ours {list(a.shape)} vs golden {list(b.shape)}")
     if a.numel() == 0:
         return 0.0
-    return float((a.double() - b.double()).abs().max())
+    # Some of ours are computed on the CPU whatever the device (the schedule); compare there then.
+    return float((a.double() - b.to(a.device).double()).abs().max())
 
 
 # ---- checks -------------------------------------------------------------------------------
@@ -217,12 +224,13 @@ def check_pipeline(
 
 
 def _vae(case: GoldenCase) -> WanVAE:
-    return load_vae(case.folder / "vae.safetensors", WanVAEConfig.from_dict(case.config["vae"]))
+    config = WanVAEConfig.from_dict(case.config["vae"])
+    return load_vae(case.folder / "vae.safetensors", config, dtype=case.dtype, device=case.device)
 
 
 def _text_encoder(case: GoldenCase) -> UMT5Encoder:
     config = UMT5Config.from_dict(case.config["text_encoder"])
-    return UMT5Encoder.from_checkpoint(case.folder / "text.safetensors", config, dtype=torch.float32)
+    return UMT5Encoder.from_checkpoint(case.folder / "text.safetensors", config, dtype=case.dtype, device=case.device)
 
 
 def _compare_video(case: GoldenCase, prefix: str, video: Tensor, tol: float) -> Iterator[Comparison]:

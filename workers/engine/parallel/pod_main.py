@@ -248,10 +248,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_golden(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
-    init_distributed()
+    device = init_distributed()
     rank = dist.get_rank()
     failed = total = 0
-    for case in find_cases(args.directory):
+    for case in find_cases(args.directory, device):  # on this rank's device: NCCL moves CUDA tensors only
         try:
             choice, comparisons = verify_case_parallel(case, _parallel_config(args), args.tolerance)
         except ParallelConfigError as exc:
