@@ -131,8 +131,8 @@ def test_dockerignore_keeps_what_the_images_copy() -> None:
 
 
 def _load_service_deps() -> Any:
-    """scripts/service_deps.py: the same requirement closure it reports per role (scripts/ is no package)."""
-    spec = importlib.util.spec_from_file_location("service_deps", ROOT / "scripts" / "service_deps.py")
+    """bench/service_deps.py: the same requirement closure it reports per role (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location("service_deps", ROOT / "bench" / "service_deps.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["service_deps"] = module  # dataclasses resolve their module by name

@@ -16,9 +16,9 @@ The project itself is not counted, and neither is what the interpreter loads bef
 (`site` and .pth hooks). `--root` measures another checkout, e.g. a `git worktree` of an older
 commit, with its packages first on the path.
 
-    python scripts/service_deps.py                     # the four roles of this checkout
-    python scripts/service_deps.py --root /tmp/before  # ... of another checkout
-    python scripts/service_deps.py --roles scheduler --startup --runs 3
+    python bench/service_deps.py                     # the four roles of this checkout
+    python bench/service_deps.py --root /tmp/before  # ... of another checkout
+    python bench/service_deps.py --roles scheduler --startup --runs 3
 """
 
 from __future__ import annotations
