@@ -13,7 +13,7 @@ shuts the pod down on drain, then exit 0. They bind no service port and ignore S
 torchrun forwards a stop to every rank, and a follower that left early would strand the block
 rank 0 is finishing.
 
-The single-rank worker builds its KV pool with the same `worker_pool`.
+The single-rank worker builds its KV pool with the same `shared_pool`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from inferix.spec.sizing import native_latent_size
-from workers.engine.kv.pool import KVPool
+from workers.engine.engine import shared_pool
 from workers.engine.model_dir import LoadedModel, load_model
 from workers.engine.parallel.context import SequenceParallel
 from workers.engine.parallel.cost import DEFAULT_CONTEXT_FRAMES, ParallelConfig, PlanChoice, WorkloadShape, choose_plan
@@ -85,15 +85,6 @@ def native_workload(model: LoadedModel) -> WorkloadShape:
     )
 
 
-def worker_pool(model: LoadedModel, kv_pages: int) -> KVPool:
-    """The worker's shared KV pool: `kv_pages` pages of one latent frame at the native resolution.
-
-    In a pod (sequence parallelism installed on the DiT) a page is this rank's shard of a frame.
-    """
-    pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config)  # only for its cache layout
-    return KVPool(pipeline.pool_spec(*native_latent_size(model.preset), kv_pages))
-
-
 def build_worker_pod(model: LoadedModel, parallel: ParallelConfig, kv_pages: int) -> tuple[PodEngine, PlanChoice]:
     """This rank's sharded engine; every rank calls it in the same order (it creates process groups).
 
@@ -101,7 +92,7 @@ def build_worker_pod(model: LoadedModel, parallel: ParallelConfig, kv_pages: int
     """
     choice = choose_plan(parallel, dist.get_world_size(), native_workload(model))
     model.dit.set_sequence_parallel(SequenceParallel(choice.plan))
-    pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config, worker_pool(model, kv_pages))
+    pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config, shared_pool(model, kv_pages))
     return PodEngine(pipeline), choice
 
 
@@ -149,5 +140,4 @@ __all__ = [
     "rank",
     "run_worker_pod",
     "world_size",
-    "worker_pool",
 ]

@@ -43,12 +43,11 @@ from inferix.spec.blocks import CommittedBlock
 from inferix.spec.sizing import session_shape
 from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from workers import metrics
-from workers.engine.engine import Engine, EngineSession, VideoBlock
+from workers.engine.engine import Engine, EngineSession, VideoBlock, shared_pool
 from workers.engine.kv.errors import KVCapacityError
 from workers.engine.kv.pool import KVPool
 from workers.engine.model_dir import LoadedModel
 from workers.engine.parallel.pod_driver import PodDriver
-from workers.pod import worker_pool
 
 log = logging.getLogger("inferix.worker")
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
@@ -90,7 +89,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.model = model
         self.config = config
         if driver is None:
-            self.engine = Engine(model, worker_pool(model, config.kv_pages))
+            self.engine = Engine(model, shared_pool(model, config.kv_pages))
         else:  # the pod's pool was built on every rank with the pod (rank 0's shard here)
             self.engine = Engine(model, driver=driver)
         pool = self.engine.pool

@@ -26,12 +26,12 @@ from inferix.mesh import start_mesh
 from inferix.mesh.launch import ServiceProcess
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 from tests.parallel.pod import run_ranks
-from workers.engine.engine import Engine, VideoBlock
+from workers.engine.engine import Engine, VideoBlock, shared_pool
 from workers.engine.model_dir import load_model
 from workers.engine.parallel.cost import ParallelConfig
 from workers.engine.parallel.pod_driver import PodDriver
 from workers.engine.parallel.pod_main import serve_pod
-from workers.pod import build_worker_pod, worker_pool
+from workers.pod import build_worker_pod
 
 LISTEN = "0A"  # TCP state in /proc/net/tcp
 
@@ -139,7 +139,7 @@ def worker_path(generator: Engine, concurrent: bool) -> dict[str, Any]:
 
 def test_pod_sessions_match_the_single_rank_worker_path(tmp_path: Path) -> None:
     model = load_model("tiny")  # the forked ranks inherit it (and shard their own copy of its DiT)
-    reference = worker_path(Engine(model, worker_pool(model, 64)), concurrent=False)
+    reference = worker_path(Engine(model, shared_pool(model, 64)), concurrent=False)
 
     def rank_main(rank: int) -> dict[str, Any]:
         engine, choice = build_worker_pod(model, ParallelConfig(), kv_pages=64)  # auto: ring-pass-kv

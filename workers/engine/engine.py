@@ -13,6 +13,9 @@ tools use, and that people embed in a notebook or their own server::
             ...
         session.offload(); session.prefetch()      # park / bring back its KV pages
 
+    sessions = [engine.open(p, num_blocks=8) for p in prompts]
+    blocks = engine.batcher().run([s.block_job() for s in sessions])  # one block each, batched
+
 An `EngineSession` wraps a `BlockSession` -- the block loop of one session -- with the prompt
 encoder and the streaming VAE decoder: each `next_block()` returns the block's clean latents (what
 a store persists) and its decoded RGB frames (what the streamer shows). Because `inferix generate`
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,10 +44,12 @@ from torch import Tensor
 from inferix.errors import UserError
 from inferix.profiling import profile
 from inferix.spec.blocks import CommittedBlock
+from inferix.spec.sizing import native_latent_size
+from workers.engine.batching import DEFAULT_MAX_TOKENS, BlockBatcher, ForwardStats
 from workers.engine.kv.pool import KVPool, SessionUsage
 from workers.engine.model_dir import LoadedModel, load_model
 from workers.engine.parallel.pod_driver import PodDriver, PodSession
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, ReplayBlock
+from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, DiTJob, ReplayBlock, run_solo
 
 
 class SessionCache(Protocol):
@@ -77,6 +82,10 @@ class BlockSession(Protocol):
     def cache(self) -> SessionCache: ...
 
     def generate_block(self) -> BlockOutput: ...
+
+    def block_job(self) -> DiTJob[BlockOutput]:
+        """`generate_block` as a job that a `BlockBatcher` runs with other sessions' jobs."""
+        ...
 
     def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None: ...
 
@@ -186,8 +195,16 @@ class EngineSession:
         self.session.set_prompt(self._encode(text), recache=recache)
         self.prompt_text = text
 
+    @torch.no_grad()
     def next_block(self) -> VideoBlock:
-        block = self.session.generate_block()
+        return run_solo(self.model.dit, self.block_job())
+
+    def block_job(self) -> DiTJob[VideoBlock]:
+        """`next_block` as a job: run alone, or batched with other sessions by a `BlockBatcher`."""
+        block = yield from self.session.block_job()
+        return self._decoded(block)
+
+    def _decoded(self, block: BlockOutput) -> VideoBlock:
         began = time.perf_counter()
         with profile("vae_decode"):
             video = self.decoder.decode_block(block.latents, self.decode_state)
@@ -274,6 +291,16 @@ class EngineSession:
         self.close()
 
 
+def shared_pool(model: LoadedModel, kv_pages: int) -> KVPool:
+    """A KV pool for all of an engine's sessions: `kv_pages` pages of one latent frame at the model's
+    native resolution (what a worker holds). Sessions in one pool attend together when batched.
+
+    In a pod (sequence parallelism installed on the DiT) a page is this rank's shard of a frame.
+    """
+    pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config)  # only for its cache layout
+    return KVPool(pipeline.pool_spec(*native_latent_size(model.preset), kv_pages))
+
+
 class Engine:
     """A loaded model plus its block pipeline and KV pool; opens `EngineSession`s.
 
@@ -301,14 +328,28 @@ class Engine:
         device: torch.device | str = "cpu",
         attention_backend: str = "auto",
         pool: KVPool | None = None,
+        kv_pages: int | None = None,
     ) -> Engine:
-        """An engine over a model folder or a built-in model (`toyworld` when None, `tiny`)."""
-        return cls(load_model(model, dtype=dtype, device=device, attention_backend=attention_backend), pool)
+        """An engine over a model folder or a built-in model (`toyworld` when None, `tiny`).
+
+        Sessions share `pool`, or a pool of `kv_pages` pages (`shared_pool`); with neither, each
+        session sizes its own.
+        """
+        if pool is not None and kv_pages is not None:
+            raise ValueError("pass pool or kv_pages, not both")
+        loaded = load_model(model, dtype=dtype, device=device, attention_backend=attention_backend)
+        return cls(loaded, pool if kv_pages is None else shared_pool(loaded, kv_pages))
 
     @property
     def pool(self) -> KVPool | None:
         """The KV pool sessions take their pages from (None: each session sizes its own)."""
         return self.pipeline.pool
+
+    def batcher(
+        self, max_tokens: int = DEFAULT_MAX_TOKENS, on_forward: Callable[[ForwardStats], None] | None = None
+    ) -> BlockBatcher:
+        """A batcher that runs this engine's sessions' block jobs together (continuous batching)."""
+        return BlockBatcher(self.model.dit, max_tokens, on_forward)
 
     @property
     def denoising_steps(self) -> int:

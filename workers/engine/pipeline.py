@@ -16,6 +16,11 @@ re-bases at the same points and rebuilds the same cache.
 
 A `GenerationSession` yields blocks one at a time (an iterator), takes prompt changes between
 blocks, and can be rebuilt from committed block latents alone (recovery by recompute).
+
+A block is written as a job: a generator that yields each DiT call it needs (`DiTCall`) and is
+sent the flow prediction back. `generate_block` runs the job alone (`run_solo`); a
+`workers.engine.batching.BlockBatcher` runs many sessions' jobs together, one batched forward per
+step. Either way the session computes exactly the same thing.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -33,8 +39,24 @@ from inferix.profiling import profile
 from inferix.spec.sampling import PipelineConfig, rope_rebase
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
-from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV
+from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV, DiTCall
 from workers.engine.noise import NoiseSource, SeededNoise
+
+T = TypeVar("T")
+# A computation that needs DiT forwards: yields each call, is sent its flow, returns a T.
+DiTJob = Generator[DiTCall, Tensor, T]
+
+
+def run_solo(dit: CausalWanDiT, job: DiTJob[T]) -> T:
+    """Run a job's DiT calls one by one, alone; its result."""
+    try:
+        call = next(job)
+        while True:
+            with profile(call.kind):
+                flow = dit.forward_batch([call])[0]
+            call = job.send(flow)
+    except StopIteration as done:
+        return cast(T, done.value)
 
 
 @dataclass
@@ -223,26 +245,29 @@ class GenerationSession:
     @torch.no_grad()
     def generate_block(self) -> BlockOutput:
         """Denoise the next block, write it into the cache with a context pass, and return it."""
+        return run_solo(self.dit, self.block_job())
+
+    def block_job(self) -> DiTJob[BlockOutput]:
+        """`generate_block` as a job (see the module docstring); run it under `torch.no_grad()`."""
         if self.closed:
             raise RuntimeError(f"session {self.session_id} is closed")
         if self.num_blocks is not None and self.next_block >= self.num_blocks:
             raise RuntimeError(f"session {self.session_id} already produced its {self.num_blocks} blocks")
-        self._apply_pending_prompt()
+        began = time.perf_counter()
+        yield from self._apply_pending_prompt()
         nf = self.block_config.num_frame_per_block
         shape = (1, nf, *self.latent_shape)
         device = self.pipeline.device
         block, start = self.next_block, self.next_frame
 
-        began = time.perf_counter()
         x = self.noise.initial(block, shape).to(device)
         steps = self.pipeline.timesteps
         step_x0: list[Tensor] = []
         x0 = x
         for i, t_value in enumerate(steps):
             t = torch.full((1, nf), 0, dtype=steps.dtype, device=device) + t_value.to(device)
-            with profile("denoise_step"):
-                flow = self._forward(x, t, start)
-                x0 = self.pipeline.schedule.x0_from_flow(x, flow, t)
+            flow = yield from self._call(x, t, start, "denoise_step")
+            x0 = self.pipeline.schedule.x0_from_flow(x, flow, t)
             if self.record_steps:
                 step_x0.append(x0.clone())
             if i + 1 < len(steps):
@@ -250,8 +275,7 @@ class GenerationSession:
                 x = self.pipeline.schedule.add_noise(x0, self._step_noise(block, i, x0, flow), t_next)
         self._sync()
         denoised = time.perf_counter()
-        with profile("context_pass"):
-            self._context_pass(x0, start)
+        yield from self._context_pass(x0, start)
         self._sync()
         finished = time.perf_counter()
 
@@ -280,7 +304,7 @@ class GenerationSession:
             self._frame_latents.clear()
         for committed in blocks:
             self._use_prompt(committed.prompt_embeds)
-            self._context_pass(committed.latents.to(self.pipeline.device), committed.start_frame)
+            run_solo(self.dit, self._context_pass(committed.latents.to(self.pipeline.device), committed.start_frame))
             self.next_frame = committed.start_frame + committed.latents.shape[1]
         if next_block is not None:
             self.next_block = next_block
@@ -307,7 +331,7 @@ class GenerationSession:
         dtype = self.pipeline.timesteps.dtype
         return torch.full((1, frames), self.sampling.context_noise, device=self.pipeline.device).to(dtype)
 
-    def _forward(self, x: Tensor, t: Tensor, start_frame: int) -> Tensor:
+    def _call(self, x: Tensor, t: Tensor, start_frame: int, kind: str) -> DiTJob[Tensor]:
         """One DiT call over frames from `start_frame`, at the time positions the table holds.
 
         The offset is a function of the pass's last frame alone, so every pass of one block (and
@@ -315,10 +339,10 @@ class GenerationSession:
         """
         offset = 0 if self.rebase_rule is None else self.rebase_rule.offset(start_frame + x.shape[1])
         self.cache.rebase(offset, self.dit.rope.rotate_time)
-        return self.dit(x, t, self.prompt, self.cache, start_frame, position_offset=offset)
+        return (yield DiTCall(x, t, self.prompt, self.cache, start_frame, offset, kind))
 
-    def _context_pass(self, latents: Tensor, start_frame: int) -> None:
-        self._forward(latents, self._context_timesteps(latents.shape[1]), start_frame)
+    def _context_pass(self, latents: Tensor, start_frame: int) -> DiTJob[None]:
+        yield from self._call(latents, self._context_timesteps(latents.shape[1]), start_frame, "context_pass")
         for i in range(latents.shape[1]):
             self._frame_latents[start_frame + i] = latents[:, i]
         cached = set(self.cache.frames)
@@ -338,7 +362,8 @@ class GenerationSession:
             raise ValueError(f"initial_latents has {frames} frames; it must be a multiple of num_frame_per_block={nf}")
         with torch.no_grad():
             for start in range(0, frames, nf):
-                self._context_pass(initial_latents[:, start : start + nf].to(self.pipeline.device), start)
+                chunk = initial_latents[:, start : start + nf].to(self.pipeline.device)
+                run_solo(self.dit, self._context_pass(chunk, start))
         self.next_frame = frames
 
     def _use_prompt(self, prompt_embeds: Tensor) -> None:
@@ -347,23 +372,23 @@ class GenerationSession:
         self.prompt_embeds = prompt_embeds
         self.prompt = self.dit.encode_prompt(prompt_embeds)
 
-    def _apply_pending_prompt(self) -> None:
+    def _apply_pending_prompt(self) -> DiTJob[None]:
         if self._pending_prompt is None:
             return
         embeds, recache = self._pending_prompt
         self._pending_prompt = None
         self._use_prompt(embeds)
         if recache and self.cache.frames:
-            self._recache()
+            yield from self._recache()
 
-    def _recache(self) -> None:
+    def _recache(self) -> DiTJob[None]:
         frames = list(self.cache.frames)
         latents = {f: self._frame_latents[f] for f in frames}
         self.cache.drop()
         nf = self.block_config.num_frame_per_block
         for run in _consecutive_runs(frames, nf):
             chunk = torch.stack([latents[f] for f in run], dim=1)
-            self._context_pass(chunk, run[0])
+            yield from self._context_pass(chunk, run[0])
 
     def _sync(self) -> None:
         if self.pipeline.device.type == "cuda":

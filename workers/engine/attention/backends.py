@@ -33,6 +33,15 @@ class AttentionBackend:
         v = v_pages.index_select(0, page_ids).flatten(0, 1).unsqueeze(0)
         return self.dense(q, k, v)
 
+    def paged_batch(self, q: Tensor, k_pages: Tensor, v_pages: Tensor, page_ids: list[Tensor]) -> Tensor:
+        """Attention of several sessions at once: q [n, L, H, D], row i over pages `page_ids[i]`
+        (every list as long). One gather and one kernel call instead of n."""
+        n = q.shape[0]
+        ids = torch.cat(page_ids)
+        k = k_pages.index_select(0, ids).view(n, -1, *k_pages.shape[2:])
+        v = v_pages.index_select(0, ids).view(n, -1, *v_pages.shape[2:])
+        return self.dense(q, k, v)
+
 
 class FlashAttentionBackend(AttentionBackend):
     """flash-attn 2 on CUDA with fp16/bf16 tensors; falls back to SDPA for anything else."""
@@ -59,6 +68,14 @@ class FlashAttentionBackend(AttentionBackend):
             return super().paged(q, k_pages, v_pages, page_ids)
         block_table = page_ids.to(device=q.device, dtype=torch.int32).unsqueeze(0)
         seqlens = torch.tensor([page_ids.numel() * page_size], device=q.device, dtype=torch.int32)
+        return self._flash.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=block_table)
+
+    def paged_batch(self, q: Tensor, k_pages: Tensor, v_pages: Tensor, page_ids: list[Tensor]) -> Tensor:
+        page_size = k_pages.shape[1]
+        if not self._usable(q) or page_size % _FLASH_PAGE_MULTIPLE != 0:
+            return super().paged_batch(q, k_pages, v_pages, page_ids)
+        block_table = torch.stack(page_ids).to(device=q.device, dtype=torch.int32)
+        seqlens = torch.full((q.shape[0],), page_ids[0].numel() * page_size, device=q.device, dtype=torch.int32)
         return self._flash.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=block_table)
 
 

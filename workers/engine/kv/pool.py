@@ -302,6 +302,7 @@ class PagedSessionCache:
         self._write_run: tuple[int, int] | None = None
         self._table_ids: Tensor | None = None
         self._table_run: tuple[int, int] | None = None
+        self._page_ids: Tensor | None = None  # every page, for batched attention (made when asked)
 
     # ---- the SelfAttentionCache protocol ---------------------------------------------------
     def begin(self, start_frame: int, num_frames: int) -> None:
@@ -323,8 +324,18 @@ class PagedSessionCache:
         self._write_ids = None if self._write_run else self._ids(write)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
-        if q.shape[0] != 1:
-            raise ValueError(f"a paged session cache holds one video; got batch size {q.shape[0]}")
+        self.store(layer, k, v)
+        pool = self.pool
+        if self._table_run is not None:
+            k_all, v_all = pool.fetch_range(layer, *self._table_run)
+            return backend.dense(q, k_all.unsqueeze(0), v_all.unsqueeze(0))
+        assert self._table_ids is not None
+        return backend.paged(q, pool.k[layer], pool.v[layer], self._table_ids)
+
+    def store(self, layer: int, k: Tensor, v: Tensor) -> None:
+        """Write the call's K/V [1, rows, H, D] into the pages `begin` prepared."""
+        if k.shape[0] != 1:
+            raise ValueError(f"a paged session cache holds one video; got batch size {k.shape[0]}")
         pool = self.pool
         shape = (-1, pool.spec.page_size, pool.spec.num_heads, pool.spec.head_dim)
         k_pages, v_pages = k[0].reshape(shape), v[0].reshape(shape)
@@ -336,11 +347,12 @@ class PagedSessionCache:
             assert self._write_ids is not None
             pool.k[layer].index_copy_(0, self._write_ids, k_pages.to(pool.k.dtype))
             pool.v[layer].index_copy_(0, self._write_ids, v_pages.to(pool.v.dtype))
-        if self._table_run is not None:
-            k_all, v_all = pool.fetch_range(layer, *self._table_run)
-            return backend.dense(q, k_all.unsqueeze(0), v_all.unsqueeze(0))
-        assert self._table_ids is not None
-        return backend.paged(q, pool.k[layer], pool.v[layer], self._table_ids)
+
+    def layer_pages(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The pool's K and V pages of `layer` and this session's page ids, in frame order."""
+        if self._page_ids is None:
+            self._page_ids = self._ids(self.pages)
+        return self.pool.k[layer], self.pool.v[layer], self._page_ids
 
     # ---- RoPE re-basing -------------------------------------------------------------------
     def rebase(self, offset: int, rotate: KeyRotation) -> None:
@@ -419,6 +431,7 @@ class PagedSessionCache:
         return torch.tensor(pages, dtype=torch.long, device=self.pool.k.device)
 
     def _table_changed(self) -> None:
+        self._page_ids = None
         self._table_run = _as_run(self.pages)
         self._table_ids = None if self._table_run else self._ids(self.pages)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -26,3 +26,17 @@ class SelfAttentionCache(Protocol):
 
 # Turns cached keys [..., head_dim] by a number of RoPE time positions (`RopeTable.rotate_time`).
 KeyRotation = Callable[[Tensor, int], Tensor]
+
+
+@runtime_checkable
+class PagedAttentionCache(SelfAttentionCache, Protocol):
+    """A cache whose K/V live in pages of a pool: a batched forward writes each session's K/V, then
+    attends for many sessions in one kernel call over their page lists (`AttentionBackend.paged_batch`)."""
+
+    def store(self, layer: int, k: Tensor, v: Tensor) -> None:
+        """Write this call's K/V [1, rows, H, D] into the pages `begin` prepared."""
+        ...
+
+    def layer_pages(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(K pages, V pages) of the whole pool [P, page_size, H, D] and the session's page ids in order."""
+        ...

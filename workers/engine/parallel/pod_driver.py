@@ -31,7 +31,7 @@ from torch import Tensor
 from inferix.errors import InferixError
 from workers.engine.kv.pool import PagedSessionCache, SessionUsage
 from workers.engine.models.wan.vae import VAEDecodeState, WanVAE
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, GenerationSession, ReplayBlock
+from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, DiTJob, GenerationSession, ReplayBlock
 
 LOG = logging.getLogger(__name__)
 
@@ -313,6 +313,11 @@ class PodSession:
 
     def generate_block(self) -> BlockOutput:
         return self.driver.generate_block(self.session_id)
+
+    def block_job(self) -> DiTJob[BlockOutput]:
+        """A job with no calls to batch: a pod runs each block on all its ranks, one session at a time."""
+        yield from ()
+        return self.generate_block()
 
     def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None:
         self.driver.set_prompt(self.session_id, prompt_embeds, recache)

@@ -4,6 +4,12 @@ One readable file whose parameter names match the Wan2.1 / Self Forcing / CausVi
 (`blocks.N.self_attn.q.weight`, ...). Inputs use the pipeline layout [B, F, C, h, w]. Each
 latent frame has its own timestep, so every frame gets its own 6-way modulation.
 
+`forward_batch` runs the pending calls of several sessions as one forward (continuous batching):
+their token rows are concatenated, so the linear layers, norms and FFN run once over all of them,
+while self-attention (each session's own KV pages) and cross-attention (its own prompt) run per
+session. Every op is per token row or per session, and on CPU an fp32 matmul gives a row the same
+bits whatever other rows it is computed with, so a session's output does not depend on its batch.
+
 Numerics follow the reference: the sinusoidal time embedding and RoPE are computed in float64,
 modulation and norms in float32, and x0 is recovered from the flow prediction by the sampler.
 """
@@ -20,7 +26,7 @@ from torch import Tensor, nn
 
 from inferix.spec.architectures import WanDiTConfig
 from workers.engine.attention.backends import AttentionBackend, get_backend
-from workers.engine.kv.protocol import SelfAttentionCache
+from workers.engine.kv.protocol import PagedAttentionCache, SelfAttentionCache
 from workers.engine.models.wan.rope import RopeTable, apply_rope
 
 
@@ -34,6 +40,60 @@ class CrossAttentionKV:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@dataclass
+class DiTCall:
+    """One session's pending DiT forward: latents x [1, F, C, h, w] at per-frame timesteps [1, F].
+
+    `start_frame` / `position_offset` are those of `CausalWanDiT.forward`; `kind` names the call
+    for the profiler ("denoise_step" or "context_pass").
+    """
+
+    x: Tensor
+    timesteps: Tensor
+    prompt: CrossAttentionKV
+    cache: SelfAttentionCache | None
+    start_frame: int = 0
+    position_offset: int = 0
+    kind: str = "denoise_step"
+
+
+class PackedSelfAttention:
+    """The self-attention cache of a batched forward: each session's rows attend to its own cache.
+
+    Sessions whose caches are paged, with as many query rows and cached pages (the usual case once
+    windows are full), attend in one kernel call; the others one by one.
+    """
+
+    def __init__(self, caches: list[SelfAttentionCache], rows: list[int]) -> None:
+        self.caches = caches
+        self.rows = rows
+        self.paged = all(isinstance(c, PagedAttentionCache) for c in caches)
+
+    def begin(self, start_frame: int, num_frames: int) -> None:
+        raise RuntimeError("the caches of a batched forward are begun one by one (CausalWanDiT.begin)")
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
+        parts = list(zip(self.caches, q.split(self.rows, 1), k.split(self.rows, 1), v.split(self.rows, 1), strict=True))
+        if not self.paged:
+            return torch.cat([cache.attend(layer, qi, ki, vi, backend) for cache, qi, ki, vi in parts], dim=1)
+        groups: dict[tuple[int, int, int], list[int]] = {}
+        tables = []
+        for i, (cache, qi, ki, vi) in enumerate(parts):
+            paged = cast(PagedAttentionCache, cache)
+            paged.store(layer, ki, vi)
+            k_pages, v_pages, ids = paged.layer_pages(layer)
+            tables.append((k_pages, v_pages, ids))
+            groups.setdefault((k_pages.data_ptr(), qi.shape[1], ids.numel()), []).append(i)
+        out: list[Tensor] = [q] * len(parts)
+        for members in groups.values():
+            k_pages, v_pages, _ = tables[members[0]]
+            queries = torch.cat([parts[i][1] for i in members])
+            result = backend.paged_batch(queries, k_pages, v_pages, [tables[i][2] for i in members])
+            for j, i in enumerate(members):
+                out[i] = result[j : j + 1]
+        return torch.cat(out, dim=1)
 
 
 class SequenceParallelHook(Protocol):
@@ -133,10 +193,29 @@ class CrossAttention(_Attention):
         shape = (b, n, self.num_heads, self.head_dim)
         return self.norm_k(self.k(context)).view(shape), self.v(context).view(shape)
 
-    def forward(self, x: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
+    def forward(
+        self, x: Tensor, prompts: list[tuple[Tensor, Tensor]], rows: list[int], backend: AttentionBackend
+    ) -> Tensor:
+        """Rows `rows[i]` of x (in order) attend to prompt K/V `prompts[i]`."""
         b, s, _ = x.shape
         q = self.norm_q(self.q(x)).view(b, s, self.num_heads, self.head_dim)
-        return self.o(backend.dense(q, k, v).flatten(2))
+        if len(prompts) == 1:
+            return self.o(backend.dense(q, *prompts[0]).flatten(2))
+        # One kernel call for the sessions with as many rows and prompt tokens (the usual case).
+        queries = q.split(rows, 1)
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, (qi, (k, _)) in enumerate(zip(queries, prompts, strict=True)):
+            groups.setdefault((qi.shape[1], k.shape[1]), []).append(i)
+        out: list[Tensor] = list(queries)
+        for members in groups.values():
+            result = backend.dense(
+                torch.cat([queries[i] for i in members]),
+                torch.cat([prompts[i][0] for i in members]),
+                torch.cat([prompts[i][1] for i in members]),
+            )
+            for j, i in enumerate(members):
+                out[i] = result[j : j + 1]
+        return self.o(torch.cat(out, 1).flatten(2))
 
 
 class AttentionBlock(nn.Module):
@@ -161,12 +240,13 @@ class AttentionBlock(nn.Module):
         e: Tensor,
         rotations: Tensor,
         layer: int,
-        cross_k: Tensor,
-        cross_v: Tensor,
+        prompts: list[tuple[Tensor, Tensor]],
+        rows: list[int],
         cache: SelfAttentionCache | None,
         backend: AttentionBackend,
     ) -> Tensor:
-        # x: [B, F*S, dim]; e: [B, F, 6, dim] float32 (one modulation per latent frame).
+        # x: [B, F*S, dim]; e: [B, F, 6, dim] float32 (one modulation per latent frame). In a batched
+        # forward the sessions' frames follow each other (same S), so this layout still holds.
         b, frames = e.shape[:2]
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.unsqueeze(1) + e).chunk(6, dim=2)
 
@@ -176,7 +256,7 @@ class AttentionBlock(nn.Module):
         h = (per_frame(self.norm1(x)).float() * (1 + scale1) + shift1).flatten(1, 2).type_as(x)
         y = self.self_attn(h, rotations, layer, cache, backend)
         x = x + (per_frame(y).float() * gate1).flatten(1, 2).type_as(x)
-        x = x + self.cross_attn(self.norm3(x), cross_k, cross_v, backend)
+        x = x + self.cross_attn(self.norm3(x), prompts, rows, backend)
         h = (per_frame(self.norm2(x)).float() * (1 + scale2) + shift2).flatten(1, 2).type_as(x)
         y = self.ffn(h)
         return x + (per_frame(y).float() * gate2).flatten(1, 2).type_as(x)
@@ -216,6 +296,7 @@ class CausalWanDiT(nn.Module):
         self.rope = RopeTable(config.head_dim, config.rope_max_positions, config.rope_theta)
         self.backend = get_backend(attention_backend)
         self.parallel: SequenceParallelHook | None = None
+        self._time_cache: dict[tuple[object, ...], tuple[Tensor, Tensor]] = {}
 
     def set_attention_backend(self, name: str) -> None:
         self.backend = get_backend(name)
@@ -269,42 +350,110 @@ class CausalWanDiT(nn.Module):
         its positions past the table's end (`rope.RopeRebase`; its cache's keys are turned to
         match). Without a cache the block attends only to itself.
         """
+        return self.forward_batch([DiTCall(x, timesteps, prompt, cache, start_frame, position_offset)])[0]
+
+    def begin(self, call: DiTCall) -> None:
+        """Prepare the call's cache for the frames it writes (`KVCapacityError` when the pool is full)."""
+        if call.cache is not None:
+            self._grid(call)
+            call.cache.begin(call.start_frame, call.x.shape[1] // self.config.patch_size[0])
+
+    def forward_batch(self, calls: list[DiTCall], *, begun: bool = False) -> list[Tensor]:
+        """The flow predictions of several sessions' calls, computed in one forward.
+
+        The calls must share the latent size (one token count per frame); with more than one, each
+        has a batch of one video and a cache (or none). `begun`: the caller has already called
+        `begin` for every call, so that one session's full pool fails that session alone.
+        """
+        if not calls:
+            return []
+        grids = [self._grid(call) for call in calls]
+        if len(calls) > 1:
+            self._check_batchable(calls, grids)
+        weight_dtype = self.patch_embedding.weight.dtype
         cfg = self.config
+        b = calls[0].x.shape[0]
+
+        tokens = torch.cat(
+            [self.patch_embedding(c.x.transpose(1, 2).to(weight_dtype)).flatten(2).transpose(1, 2) for c in calls], 1
+        )
+        frames = sum(grid[0] for grid in grids)
+        # Per call: a few rows each, and BLAS gives small row counts their own kernels (see batching).
+        embeddings = [self._time_embedding(c.timesteps, weight_dtype) for c in calls]
+        e = torch.cat([e for e, _ in embeddings])
+        e0 = torch.cat([e0 for _, e0 in embeddings])
+        e0 = e0.float().unflatten(1, (6, cfg.dim)).unflatten(0, (b, frames))
+        e_head = e.float().unflatten(0, (b, frames)).unsqueeze(2)
+        rotations = torch.cat(
+            [
+                self.rope.rotations(c.start_frame - c.position_offset, *grid, device=tokens.device)
+                for c, grid in zip(calls, grids, strict=True)
+            ]
+        )
+        rows = [math.prod(grid) for grid in grids]
+        cache: SelfAttentionCache | None
+        if len(calls) == 1:
+            cache = calls[0].cache
+            if self.parallel is not None:
+                tokens, rotations = self.parallel.shard(tokens, rotations, grids[0][0])
+                cache = self.parallel.attention_cache(cache)
+            if cache is not None and not begun:
+                cache.begin(calls[0].start_frame, grids[0][0])
+        else:
+            if not begun:
+                for call in calls:
+                    self.begin(call)
+            cache = PackedSelfAttention([cast(SelfAttentionCache, c.cache) for c in calls], rows)
+        for i, block in enumerate(self.blocks):
+            prompts = [(c.prompt.keys[i], c.prompt.values[i]) for c in calls]
+            tokens = block(tokens, e0, rotations, i, prompts, rows, cache, self.backend)
+        out = self.head(tokens, e_head)
+        if self.parallel is not None:
+            out = self.parallel.gather(out, grids[0][0])
+        return [self._unpatchify(part, grid).float() for part, grid in zip(out.split(rows, 1), grids, strict=True)]
+
+    def _time_embedding(self, timesteps: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Per-frame time embedding [B*F, dim] and its 6-way projection [B*F, 6*dim].
+
+        Kept per timestep values: a block's few timesteps recur in every block of every session. The
+        key holds the weights' version counters, so loading new weights computes them anew.
+        """
+        weights = (*self.time_embedding.parameters(), *self.time_projection.parameters())
+        key = (tuple(timesteps.flatten().tolist()), dtype, timesteps.device, tuple(w._version for w in weights))
+        cached = self._time_cache.get(key)
+        if cached is None or torch.is_grad_enabled():  # a training step builds its own graph
+            if len(self._time_cache) >= 256:
+                self._time_cache.clear()
+            e = self.time_embedding(sinusoidal_embedding(self.config.freq_dim, timesteps.flatten()).to(dtype))
+            cached = self._time_cache[key] = (e, self.time_projection(e))
+        return cached
+
+    def _grid(self, call: DiTCall) -> tuple[int, int, int]:
+        """The call's token grid (frames, h, w) after patching; validates its shapes."""
+        cfg = self.config
+        x = call.x
         if x.dim() != 5 or x.shape[2] != cfg.in_dim:
             raise ValueError(f"x must be latents [batch, frames, {cfg.in_dim}, h, w], got {list(x.shape)}")
         b, frames, _, lat_h, lat_w = x.shape
-        if timesteps.shape != (b, frames):
+        if call.timesteps.shape != (b, frames):
             raise ValueError(
-                f"timesteps must have shape [batch, frames] = [{b}, {frames}], got {list(timesteps.shape)}"
+                f"timesteps must have shape [batch, frames] = [{b}, {frames}], got {list(call.timesteps.shape)}"
             )
         pt, ph, pw = cfg.patch_size
         if frames % pt or lat_h % ph or lat_w % pw:
             raise ValueError(
                 f"latent block {frames}x{lat_h}x{lat_w} must be divisible by the patch size {cfg.patch_size}"
             )
-        grid = (frames // pt, lat_h // ph, lat_w // pw)
-        weight_dtype = self.patch_embedding.weight.dtype
+        return frames // pt, lat_h // ph, lat_w // pw
 
-        tokens = self.patch_embedding(x.transpose(1, 2).to(weight_dtype))  # [B, dim, f, h', w']
-        tokens = tokens.flatten(2).transpose(1, 2)
-
-        time = sinusoidal_embedding(cfg.freq_dim, timesteps.flatten()).to(weight_dtype)
-        e = self.time_embedding(time)
-        e0 = self.time_projection(e).float().unflatten(1, (6, cfg.dim)).unflatten(0, (b, frames))
-        e_head = e.float().unflatten(0, (b, frames)).unsqueeze(2)
-
-        rotations = self.rope.rotations(start_frame - position_offset, *grid, device=tokens.device)
+    def _check_batchable(self, calls: list[DiTCall], grids: list[tuple[int, int, int]]) -> None:
         if self.parallel is not None:
-            tokens, rotations = self.parallel.shard(tokens, rotations, grid[0])
-            cache = self.parallel.attention_cache(cache)
-        if cache is not None:
-            cache.begin(start_frame, grid[0])
-        for i, block in enumerate(self.blocks):
-            tokens = block(tokens, e0, rotations, i, prompt.keys[i], prompt.values[i], cache, self.backend)
-        out = self.head(tokens, e_head)
-        if self.parallel is not None:
-            out = self.parallel.gather(out, grid[0])
-        return self._unpatchify(out, grid).float()
+            raise ValueError("a sequence-parallel DiT runs one call per forward")
+        if any(c.x.shape[0] != 1 for c in calls) or any(c.cache is None for c in calls):
+            raise ValueError("a batched forward takes calls of one video each, every one with its cache")
+        sizes = {grid[1:] for grid in grids}
+        if len(sizes) > 1:
+            raise ValueError(f"a batched forward takes calls of one latent size, got {sorted(sizes)}")
 
     def _unpatchify(self, x: Tensor, grid: tuple[int, int, int]) -> Tensor:
         """[B, f*h*w, pt*ph*pw*C] -> [B, F, C, H, W] (the last axis is (pt, ph, pw, C), C fastest)."""
