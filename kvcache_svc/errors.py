@@ -26,7 +26,14 @@ class PreconditionError(KVCacheError):
 
 
 class NoCapacityError(KVCacheError):
-    """No alive worker has room (RESOURCE_EXHAUSTED): the caller may queue and retry."""
+    """No alive worker has room (RESOURCE_EXHAUSTED): the caller may queue and retry.
+
+    `reason` classifies the refusal for the metrics: "pages" (KV pages), "realtime" (real-time
+    streams) or "unavailable" (no worker available at all)."""
+
+    def __init__(self, message: str, reason: str = "pages") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class AlreadyCommittedError(KVCacheError):

@@ -26,10 +26,22 @@ PAGES_TOTAL = Gauge("inferix_kvcache_pages_total", "KV pool pages declared by al
 PAGES_USED = Gauge("inferix_kvcache_pages_used", "KV pool pages in use on alive workers, as last reported")
 PAGES_RESERVED = Gauge("inferix_kvcache_pages_reserved", "KV pool pages reserved by admitted sessions on alive workers")
 ADMISSIONS = Counter("inferix_kvcache_admissions", "Admit requests by outcome", ["outcome"])
+REFUSALS = Counter(
+    "inferix_kvcache_refusals",
+    "Admit requests refused for want of room, by reason: realtime (an available worker had the KV pages but "
+    "not the real-time streams), pages (KV pages only), unavailable (no worker available)",
+    ["reason"],
+)
+STREAM_LOAD = Gauge(
+    "inferix_kvcache_stream_load",
+    "Stream loads of alive workers, summed (1 = one worker's real-time streams all in use)",
+)
 OFFLOADS = Counter("inferix_kvcache_offloads", "Sessions told to move their KV pages to host memory")
 WORKER_FAILURES = Counter("inferix_kvcache_worker_failures", "Workers reported unreachable by the scheduler")
 for _outcome in ("accepted", "rejected"):
     ADMISSIONS.labels(outcome=_outcome)  # export both series from the start, at 0
+for _reason in ("pages", "realtime", "unavailable"):
+    REFUSALS.labels(reason=_reason)
 
 
 async def refresh(registry: Registry) -> None:
@@ -41,6 +53,7 @@ async def refresh(registry: Registry) -> None:
     PAGES_TOTAL.set(sum(r.total_pages for r in alive))
     PAGES_USED.set(sum(r.used_pages for r in alive))
     PAGES_RESERVED.set(sum(r.reserved_pages for r in alive))
+    STREAM_LOAD.set(sum(r.stream_load for r in alive))
 
 
 async def refresh_forever(registry: Registry, interval_s: float) -> None:

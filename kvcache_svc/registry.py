@@ -1,9 +1,11 @@
 """The worker registry and session reservations, kept in a `Store`.
 
-One record per worker (`kvcache/workers/<id>`, JSON) holds its declared pool, its last report,
-the last heartbeat sequence, and the reservations of the sessions placed on it. Keeping the
-reservations inside the worker's record is what makes admission safe without a global lock:
-"check free pages, then reserve" is one atomic `Store.update` of that record, so two
+One record per worker (`kvcache/workers/<id>`, JSON) holds its declared pool, its last report
+(KV usage and its measured real-time capacity per resolution), the last heartbeat sequence, and
+the reservations of the sessions placed on it: their pages and their stream costs (the share of
+the worker's real-time capacity each takes, decided at admission). Keeping the reservations
+inside the worker's record is what makes admission safe without a global lock: "check free
+pages and stream load, then reserve" is one atomic `Store.update` of that record, so two
 kvcache_svc replicas (or concurrent RPCs) can never over-commit a worker. Liveness is derived
 from the wall-clock `last_seen_unix`, which stays meaningful across restarts and hosts.
 """
@@ -11,14 +13,25 @@ from the wall-clock `last_seen_unix`, which stays meaningful across restarts and
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from inferix.store import Store, StoreConflictError
 from kvcache_svc.errors import InvalidRequestError, NotFoundError, PreconditionError
-from kvcache_svc.placement import PlacementRequest, WorkerLoad, choose_worker, eligible, fits
+from kvcache_svc.placement import (
+    PlacementRequest,
+    Resolution,
+    StreamCapacity,
+    WorkerLoad,
+    choose_worker,
+    eligible,
+    fits,
+    request_cost,
+)
 
 WORKERS_PREFIX = "kvcache/workers/"
 MAX_ADMIT_ROUNDS = 32  # a lost round means a concurrent admission took the room; re-place on fresh state
@@ -36,6 +49,31 @@ def require_id(kind: str, value: str) -> str:
             "starting with a letter or digit"
         )
     return value
+
+
+def check_capacity(worker_id: str, capacity: Sequence[StreamCapacity]) -> list[StreamCapacity]:
+    """A worker's reported real-time capacity, checked: one entry per resolution, sizes set, numbers
+    finite and not negative."""
+    seen: set[Resolution] = set()
+    for entry in capacity:
+        where = f"capacity of worker {worker_id!r} at {entry.resolution}"
+        if entry.resolution.width < 1 or entry.resolution.height < 1:
+            raise InvalidRequestError(f"{where}: the resolution's width and height must both be set")
+        if entry.resolution in seen:
+            raise InvalidRequestError(f"{where}: reported twice (one entry per resolution)")
+        seen.add(entry.resolution)
+        if entry.streams < 0 or entry.measured_up_to < 0:
+            raise InvalidRequestError(f"{where}: streams and measured_up_to must be >= 0")
+        for name in ("block_ms", "budget_ms"):
+            value = getattr(entry, name)
+            if not math.isfinite(value) or value < 0:
+                raise InvalidRequestError(f"{where}: {name} must be a finite number >= 0, got {value}")
+    return list(capacity)
+
+
+def _decode_capacity(entry: dict[str, Any]) -> StreamCapacity:
+    fields = dict(entry)
+    return StreamCapacity(resolution=Resolution(**fields.pop("resolution")), **fields)
 
 
 @dataclass(frozen=True)
@@ -65,6 +103,9 @@ class WorkerRecord:
     reservations: dict[str, int] = field(default_factory=dict)  # session id -> pages
     departed: bool = False  # deregistered while draining; RegisterWorker clears it
     suspect_since: float = 0.0  # wall clock of the last failure report; a later heartbeat clears it
+    capacity: list[StreamCapacity] = field(default_factory=list)  # real-time streams per resolution measured
+    # Session id -> its share of the real-time capacity (only sessions with a non-zero share).
+    stream_costs: dict[str, float] = field(default_factory=dict)
 
     @property
     def suspect(self) -> bool:
@@ -74,12 +115,20 @@ class WorkerRecord:
     def reserved_pages(self) -> int:
         return sum(self.reservations.values())
 
+    @property
+    def stream_load(self) -> float:
+        """Share of its real-time capacity its sessions take (1 = full)."""
+        return sum(self.stream_costs.values())
+
     def encode(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> WorkerRecord:
-        return cls(**json.loads(data))
+        """Records written before a field existed decode with its default."""
+        fields = json.loads(data)
+        fields["capacity"] = [_decode_capacity(c) for c in fields.get("capacity", [])]
+        return cls(**fields)
 
 
 class _LostRace(Exception):
@@ -109,8 +158,16 @@ class Registry:
         """Placement view of `record`; `ignore_session`'s own reservation does not count, so that
         re-admitting a session (resize or move) does not compete with itself."""
         reserved = sum(pages for sid, pages in record.reservations.items() if sid != ignore_session)
+        load = sum(cost for sid, cost in record.stream_costs.items() if sid != ignore_session)
         return WorkerLoad(
-            record.worker_id, record.model, record.total_pages, record.used_pages, reserved, self.alive(record)
+            record.worker_id,
+            record.model,
+            record.total_pages,
+            record.used_pages,
+            reserved,
+            self.alive(record),
+            tuple(record.capacity),
+            load,
         )
 
     async def workers(self) -> list[WorkerRecord]:
@@ -118,10 +175,14 @@ class Registry:
         keys = await self.store.list_prefix(WORKERS_PREFIX)
         return [WorkerRecord.decode(data) for data in await self.store.get_many(keys) if data is not None]
 
-    async def register(self, worker_id: str, address: str, model: str, kv: KVReport) -> WorkerRecord:
-        """Add or replace a worker. A re-registering worker (e.g. restarted) keeps the
-        reservations of its sessions, so it must keep serving the same model and room for them."""
+    async def register(
+        self, worker_id: str, address: str, model: str, kv: KVReport, capacity: Sequence[StreamCapacity] = ()
+    ) -> WorkerRecord:
+        """Add or replace a worker, with its measured real-time `capacity` (empty: not measured). A
+        re-registering worker (e.g. restarted) keeps the reservations of its sessions (pages and
+        stream costs), so it must keep serving the same model and room for their pages."""
         require_id("worker_id", worker_id)
+        capacity = check_capacity(worker_id, capacity)
         if not address:
             raise InvalidRequestError(f"address of worker {worker_id!r} is required (host:port of its Worker service)")
         if not model:
@@ -137,9 +198,10 @@ class Registry:
 
         def fn(old: bytes | None) -> bytes:
             reservations: dict[str, int] = {}
+            stream_costs: dict[str, float] = {}
             if old is not None:
                 previous = WorkerRecord.decode(old)
-                reservations = previous.reservations
+                reservations, stream_costs = previous.reservations, previous.stream_costs
                 if reservations and previous.model != model:
                     raise PreconditionError(
                         f"worker {worker_id!r} re-registers for model {model!r} but holds reservations for "
@@ -161,16 +223,27 @@ class Registry:
                 sessions=kv.sessions,
                 last_seen_unix=self.clock(),
                 reservations=reservations,
+                capacity=capacity,
+                stream_costs=stream_costs,
             )
             return record.encode()
 
         return WorkerRecord.decode(await self._update(worker_id, fn))
 
-    async def heartbeat(self, worker_id: str, sequence: int, kv: KVReport, session_ids: Iterable[str]) -> WorkerRecord:
-        """Record a usage report. Sequences must increase strictly, so a delayed or duplicated
-        report can never overwrite a newer one."""
+    async def heartbeat(
+        self,
+        worker_id: str,
+        sequence: int,
+        kv: KVReport,
+        session_ids: Iterable[str],
+        capacity: Sequence[StreamCapacity] = (),
+    ) -> WorkerRecord:
+        """Record a usage report; a non-empty `capacity` replaces the worker's real-time capacity
+        (sessions keep the stream costs they were admitted with). Sequences must increase strictly,
+        so a delayed or duplicated report can never overwrite a newer one."""
         require_id("worker_id", worker_id)
         session_ids = list(session_ids)
+        capacity = check_capacity(worker_id, capacity)
 
         def fn(old: bytes | None) -> bytes:
             if old is None:
@@ -196,6 +269,8 @@ class Registry:
             record.host_pages_used = kv.host_pages_used
             record.sessions = kv.sessions
             record.session_ids = session_ids
+            if capacity:
+                record.capacity = capacity
             record.last_seen_unix = self.clock()
             return record.encode()
 
@@ -228,20 +303,35 @@ class Registry:
 
         return WorkerRecord.decode(await self._update(worker_id, fn))
 
-    async def admit(self, session_id: str, model: str, pages: int, exclude: Iterable[str] = ()) -> WorkerRecord:
-        """Reserve `pages` for the session on the best worker and return it.
+    async def admit(
+        self,
+        session_id: str,
+        model: str,
+        pages: int,
+        exclude: Iterable[str] = (),
+        resolution: Resolution | None = None,
+    ) -> WorkerRecord:
+        """Reserve `pages` and the session's share of real-time streams at `resolution` (None: pages
+        only) on the best worker and return it.
 
         Idempotent: a session that already holds the same reservation on an eligible worker gets
-        that worker back. Otherwise (new session, new size, or its worker is now excluded or
-        dead) it is placed afresh and any older reservation is dropped afterwards, so for a
-        moment it is counted twice: over-reserving is safe, over-committing is not.
+        that worker back (with the stream cost it was admitted with). Otherwise (new session, new
+        size, or its worker is now excluded or dead) it is placed afresh and any older reservation
+        is dropped afterwards, so for a moment it is counted twice: over-reserving is safe,
+        over-committing is not.
         """
         require_id("session_id", session_id)
         if not model:
             raise InvalidRequestError(f"model is required to admit session {session_id!r}")
         if pages < 1:
             raise InvalidRequestError(f"session {session_id!r} must ask for at least 1 page, got {pages}")
-        request = PlacementRequest(session_id, model, pages, frozenset(exclude))
+        if resolution is not None and resolution.pixels == 0:
+            if resolution.width or resolution.height:
+                raise InvalidRequestError(
+                    f"resolution {resolution} of session {session_id!r}: set both width and height (or neither)"
+                )
+            resolution = None
+        request = PlacementRequest(session_id, model, pages, frozenset(exclude), resolution)
         for _ in range(MAX_ADMIT_ROUNDS):
             records = await self.workers()
             holders = [r for r in records if session_id in r.reservations]
@@ -284,9 +374,15 @@ class Registry:
             if old is None:
                 raise _LostRace
             record = WorkerRecord.decode(old)
-            if not fits(self.load(record, request.session_id), request):
+            load = self.load(record, request.session_id)
+            if not fits(load, request):
                 raise _LostRace
             record.reservations[request.session_id] = request.pages
+            cost = request_cost(load, request)
+            if cost > 0:
+                record.stream_costs[request.session_id] = cost
+            else:
+                record.stream_costs.pop(request.session_id, None)
             return record.encode()
 
         return WorkerRecord.decode(await self._update(worker_id, fn))
@@ -297,6 +393,7 @@ class Registry:
                 return None
             record = WorkerRecord.decode(old)
             record.reservations.pop(session_id, None)
+            record.stream_costs.pop(session_id, None)
             return record.encode()
 
         await self.store.update(self._key(worker_id), fn)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ from kvcache_svc.errors import (
     PreconditionError,
 )
 from kvcache_svc.offload import SessionReport, Watermarks, plan_offload
+from kvcache_svc.placement import Resolution, StreamCapacity
 from kvcache_svc.registry import KVReport, Registry, WorkerRecord, require_id
 
 log = logging.getLogger("kvcache_svc")
@@ -110,6 +111,32 @@ def _report(kv: common_pb2.KVUsage) -> KVReport:
     return KVReport(kv.total_pages, kv.used_pages, kv.page_bytes, kv.host_pages_used, kv.sessions)
 
 
+def _resolution(resolution: common_pb2.Resolution) -> Resolution:
+    return Resolution(resolution.width, resolution.height)
+
+
+def _capacity(entries: Iterable[kvcache_pb2.StreamCapacity]) -> list[StreamCapacity]:
+    return [
+        StreamCapacity(_resolution(c.resolution), c.streams, c.block_ms, c.budget_ms, c.measured_up_to) for c in entries
+    ]
+
+
+def _capacity_proto(entry: StreamCapacity) -> kvcache_pb2.StreamCapacity:
+    return kvcache_pb2.StreamCapacity(
+        resolution=common_pb2.Resolution(width=entry.resolution.width, height=entry.resolution.height),
+        streams=entry.streams,
+        block_ms=entry.block_ms,
+        budget_ms=entry.budget_ms,
+        measured_up_to=entry.measured_up_to,
+    )
+
+
+def _describe_capacity(capacity: list[StreamCapacity]) -> str:
+    if not capacity:
+        return "real-time capacity not measured"
+    return "real-time streams: " + ", ".join(f"{c.streams} at {c.resolution}" for c in capacity)
+
+
 def _worker_info(record: WorkerRecord, alive: bool) -> kvcache_pb2.WorkerInfo:
     return kvcache_pb2.WorkerInfo(
         worker_id=record.worker_id,
@@ -127,6 +154,8 @@ def _worker_info(record: WorkerRecord, alive: bool) -> kvcache_pb2.WorkerInfo:
         alive=alive,
         suspect=record.suspect,
         departed=record.departed,
+        capacity=[_capacity_proto(c) for c in record.capacity],
+        stream_load=record.stream_load,
     )
 
 
@@ -145,10 +174,12 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
     async def RegisterWorker(
         self, request: kvcache_pb2.RegisterWorkerRequest, context: Any
     ) -> kvcache_pb2.RegisterWorkerResponse:
-        record = await self.registry.register(request.worker_id, request.address, request.model, _report(request.kv))
+        record = await self.registry.register(
+            request.worker_id, request.address, request.model, _report(request.kv), _capacity(request.capacity)
+        )
         log.info(
-            "worker %s registered: %s, model %s, %d pages", record.worker_id, record.address, record.model,
-            record.total_pages,
+            "worker %s registered: %s, model %s, %d pages, %s", record.worker_id, record.address, record.model,
+            record.total_pages, _describe_capacity(record.capacity),
         )  # fmt: skip
         return kvcache_pb2.RegisterWorkerResponse(heartbeat_interval_s=self.config.heartbeat_interval_s)
 
@@ -174,7 +205,11 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
     @_with_statuses
     async def Heartbeat(self, request: kvcache_pb2.HeartbeatRequest, context: Any) -> kvcache_pb2.HeartbeatResponse:
         record = await self.registry.heartbeat(
-            request.worker_id, request.sequence, _report(request.kv), request.session_ids
+            request.worker_id,
+            request.sequence,
+            _report(request.kv),
+            request.session_ids,
+            _capacity(request.capacity),
         )
         reports = [SessionReport(r.session_id, r.device_pages, r.last_block_unix) for r in request.session_reports]
         flags = await self.store.get_many([_paused_key(r.session_id) for r in reports])
@@ -204,15 +239,22 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
 
     @_with_statuses
     async def Admit(self, request: kvcache_pb2.AdmitRequest, context: Any) -> kvcache_pb2.AdmitResponse:
+        resolution = _resolution(request.resolution) if request.HasField("resolution") else None
         try:
             record = await self.registry.admit(
-                request.session_id, request.model, request.pages, request.exclude_workers
+                request.session_id, request.model, request.pages, request.exclude_workers, resolution
             )
-        except (KVCacheError, StoreError):
+        except (KVCacheError, StoreError) as exc:
             metrics.ADMISSIONS.labels(outcome="rejected").inc()
+            if isinstance(exc, NoCapacityError):
+                metrics.REFUSALS.labels(reason=exc.reason).inc()
             raise
         metrics.ADMISSIONS.labels(outcome="accepted").inc()
-        log.info("session %s admitted on %s (%d pages)", request.session_id, record.worker_id, request.pages)
+        log.info(
+            "session %s admitted on %s (%d pages, %.0f%% of its real-time streams; worker at %.0f%%)",
+            request.session_id, record.worker_id, request.pages, 100 * record.stream_costs.get(request.session_id, 0.0),
+            100 * record.stream_load,
+        )  # fmt: skip
         return kvcache_pb2.AdmitResponse(worker=_worker_info(record, self.registry.alive(record)))
 
     @_with_statuses

@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc
 from inferix.server import channel
-from scheduler.placement import CallFailed, OpenedSession, PlacementUnavailable, WorkerInfo, WorkerRef
+from scheduler.placement import CallFailed, NoRoom, OpenedSession, PlacementUnavailable, WorkerInfo, WorkerRef
 
 # A callee that could not be reached or did not answer in time: it may be gone.
 UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
@@ -26,14 +26,22 @@ class GrpcKVCache:
         self._stub = kvcache_pb2_grpc.KVCacheServiceStub(channel(address))
 
     async def admit(
-        self, session_id: str, model: str, pages: int, exclude: list[str], timeout: float
-    ) -> WorkerRef | None:
-        request = kvcache_pb2.AdmitRequest(session_id=session_id, model=model, pages=pages, exclude_workers=exclude)
+        self,
+        session_id: str,
+        model: str,
+        pages: int,
+        resolution: common_pb2.Resolution,
+        exclude: list[str],
+        timeout: float,
+    ) -> WorkerRef | NoRoom:
+        request = kvcache_pb2.AdmitRequest(
+            session_id=session_id, model=model, pages=pages, exclude_workers=exclude, resolution=resolution
+        )
         try:
             reply = await self._stub.Admit(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND):
-                return None
+                return NoRoom(exc.details() or f"kvcache_svc answered {exc.code().name}")
             if exc.code() in UNREACHABLE:
                 raise PlacementUnavailable(f"kvcache_svc: {exc.code().name}") from exc
             raise

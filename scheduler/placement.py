@@ -59,6 +59,14 @@ class WorkerRef:
 
 
 @dataclass(frozen=True)
+class NoRoom:
+    """kvcache_svc admitted the session nowhere: no live worker has room (KV pages or real-time
+    streams), or none serves its model. `reason` is its refusal, worker by worker, for the user."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class WorkerInfo:
     """A registered worker, as kvcache_svc sees it."""
 
@@ -89,10 +97,17 @@ class KVCache(Protocol):
     """kvcache_svc: admission of sessions on workers with KV room, and the workers' liveness."""
 
     async def admit(
-        self, session_id: str, model: str, pages: int, exclude: list[str], timeout: float
-    ) -> WorkerRef | None:
-        """Reserve `pages` on a live worker of `model` outside `exclude`; None when none has room (or none
-        serves the model). Raises `PlacementUnavailable` when kvcache_svc cannot be reached."""
+        self,
+        session_id: str,
+        model: str,
+        pages: int,
+        resolution: common_pb2.Resolution,
+        exclude: list[str],
+        timeout: float,
+    ) -> WorkerRef | NoRoom:
+        """Reserve `pages` and a real-time stream at `resolution` on a live worker of `model` outside
+        `exclude`; `NoRoom` when none has room (or none serves the model). Raises `PlacementUnavailable`
+        when kvcache_svc cannot be reached."""
         ...
 
     async def workers(self, timeout: float) -> list[WorkerInfo]:
@@ -181,7 +196,8 @@ class Placement:
         return {w.model for w in workers if w.alive or w.suspect}
 
     async def place(self, record: SessionRecord) -> bool:
-        """Admit and open the session on a live worker; False when no live worker has room now.
+        """Admit and open the session on a live worker; False when no live worker has room now
+        (`record.no_room` then holds kvcache_svc's refusal).
 
         A worker that cannot be reached is reported to kvcache_svc and skipped, so a departed or
         hung worker never keeps a session (or a client) waiting. Raises `PlacementUnavailable` when
@@ -302,17 +318,21 @@ class Placement:
             await self.kvcache.release(orphan.session_id, timeout=self.config.internal_deadline_s)
 
     async def _admit(self, record: SessionRecord, exclude: list[str]) -> bool:
-        """Reserve KV room on a live worker (False: none has room, or none serves the model)."""
-        worker = await self.kvcache.admit(
+        """Reserve KV pages and a real-time stream (at the spec's resolution, filled by validation) on a
+        live worker; False when none has room or none serves the model, with the refusal in `record.no_room`."""
+        outcome = await self.kvcache.admit(
             record.session_id,
             record.spec.model,
             record.valid.shape.pages,
+            record.spec.resolution,
             exclude,
             timeout=self.config.internal_deadline_s,
         )
-        if worker is None:
+        if isinstance(outcome, NoRoom):
+            record.no_room = outcome.reason
             return False
-        record.worker_id, record.worker_address = worker.worker_id, worker.address
+        record.no_room = ""
+        record.worker_id, record.worker_address = outcome.worker_id, outcome.address
         return True
 
     async def _open_on_worker(self, record: SessionRecord) -> None:

@@ -131,10 +131,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 raise
             if not placed and not valid.spec.wait_for_capacity:
                 await self.placement.release(record)
+                # kvcache_svc's refusal says, worker by worker, which room is missing (KV pages, real-time streams).
+                refusal = record.no_room or (
+                    f"no live worker has room for this session ({valid.shape.pages} KV pages of model "
+                    f"{valid.spec.model!r}) now; retry in a few seconds"
+                )
                 await context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"no live worker has room for this session ({valid.shape.pages} KV pages of model "
-                    f"{valid.spec.model!r}) now; retry in a few seconds or set spec.wait_for_capacity to queue",
+                    f"{refusal}; or set spec.wait_for_capacity to queue the session until there is room",
                 )
             self.table.records[session_id] = record
             await self.table.persist(record)

@@ -71,6 +71,8 @@ class SessionRecord:
     state: int = common_pb2.SESSION_STATE_QUEUED
     worker_id: str = ""
     worker_address: str = ""
+    # kvcache_svc's last refusal to admit it (why it waits for room); empty once placed. Not persisted.
+    no_room: str = ""
     next_block: int = 0
     # Blocks whose BlockDone event has been published (a re-made block is not announced twice).
     announced_blocks: int = 0

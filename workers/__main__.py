@@ -20,6 +20,7 @@ import grpc
 
 from inferix.errors import UserError
 from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
+from workers.engine.batching import DEFAULT_MAX_TOKENS
 from workers.pod import add_parallel_arguments, rank, world_size
 
 if TYPE_CHECKING:
@@ -67,6 +68,28 @@ def parse_args() -> argparse.Namespace:
         metavar="DIR",
         help="profile every block and write the report to DIR on shutdown (env INFERIX_PROFILE_DIR)",
     )
+    parser.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=int(env("INFERIX_MAX_BATCH_TOKENS", str(DEFAULT_MAX_TOKENS))),
+        help=f"token rows per batched DiT forward at most (sessions' blocks run batched; default {DEFAULT_MAX_TOKENS})",
+    )
+    parser.add_argument(
+        "--capacity-probe",
+        type=int,
+        default=int(env("INFERIX_CAPACITY_PROBE", "8")),
+        metavar="STREAMS",
+        help="at startup, measure real-time capacity with up to this many probe sessions (0: learn it from "
+        "the blocks served; default 8)",
+    )
+    parser.add_argument(
+        "--realtime-streams",
+        type=int,
+        default=int(env("INFERIX_REALTIME_STREAMS", "0")),
+        metavar="N",
+        help="claim N real-time streams per resolution for admission instead of the measured number "
+        "(e.g. to leave headroom; 0: measured, the default)",
+    )
     add_parallel_arguments(parser)
     return parser.parse_args()
 
@@ -75,6 +98,12 @@ def main() -> None:
     args = parse_args()
     if args.kv_pages < 1:
         raise SystemExit(f"--kv-pages must be >= 1, got {args.kv_pages}")
+    if args.max_batch_tokens < 1:
+        raise SystemExit(f"--max-batch-tokens must be >= 1, got {args.max_batch_tokens}")
+    if args.capacity_probe < 0:
+        raise SystemExit(f"--capacity-probe must be >= 0, got {args.capacity_probe}")
+    if args.realtime_streams < 0:
+        raise SystemExit(f"--realtime-streams must be >= 0 (0: measured), got {args.realtime_streams}")
     import torch
 
     from workers.engine.model_dir import load_model
@@ -105,7 +134,15 @@ def serve(args: argparse.Namespace, model: LoadedModel, driver: PodDriver | None
     """The gRPC worker service until SIGTERM; with `driver` (rank 0 of a pod) it drives the pod."""
     from workers.service import WorkerConfig, WorkerService, add_to_server
 
-    config = WorkerConfig(args.worker_id, args.kvcache, args.kv_pages, profile_dir=args.profile)
+    config = WorkerConfig(
+        args.worker_id,
+        args.kvcache,
+        args.kv_pages,
+        profile_dir=args.profile,
+        max_batch_tokens=args.max_batch_tokens,
+        capacity_probe_streams=args.capacity_probe,
+        realtime_streams=args.realtime_streams,
+    )
     options = ServerOptions.from_args(args)
     stop = asyncio.Event()
     tasks: list[asyncio.Task[None]] = []
@@ -116,6 +153,7 @@ def serve(args: argparse.Namespace, model: LoadedModel, driver: PodDriver | None
         registration = add_to_server(server, service)
 
         async def on_start(port: int) -> None:
+            await service.probe_capacity()  # before registering: admission knows the capacity from the start
             service.start_profiler()
             address = args.advertise_address or f"{options.host}:{port}"
             tasks.append(asyncio.create_task(service.register_and_heartbeat(address, stop)))

@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferix.mesh.launch import ServiceProcess, StartingService, launch_service
+import grpc
+
+from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc
+from inferix.mesh.launch import ServiceProcess, ServiceStartError, StartingService, launch_service
 from inferix.mesh.rtmp_relay import NginxRtmp, nginx_rtmp_missing, start_nginx_rtmp
-from inferix.server import INTERNAL_TOKEN_ENV
+from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
 from inferix.viewer_token import SECRET_ENV
 
 log = logging.getLogger("inferix.serve")
+WORKER_REGISTRATION_TIMEOUT_S = 180.0  # a worker loads its model, then probes its capacity, then registers
 
 
 @dataclass
@@ -46,6 +51,10 @@ class MeshConfig:
     api_keys_file: Path | None = None
     lookahead: int = 2
     worker_threads: int = 0
+    # Workers measure their real-time capacity with up to this many probe sessions at startup (0: none).
+    capacity_probe: int = 8
+    # Workers claim this many real-time streams instead of the measured number (0: measured).
+    realtime_streams: int = 0
     metrics: bool = True
     heartbeat_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
@@ -137,6 +146,7 @@ def _launch_worker(
         args += ["--model", str(config.model)]
     if config.worker_threads:
         args += ["--threads", str(config.worker_threads)]
+    args += ["--capacity-probe", str(config.capacity_probe), "--realtime-streams", str(config.realtime_streams)]
     module = "workers"
     if config.ranks_per_worker > 1:
         # A pod: torchrun starts the ranks, rank 0 writes the port file and is stopped first (inferix/mesh/launch.py).
@@ -230,6 +240,32 @@ def _rtmp(config: MeshConfig) -> tuple[NginxRtmp | None, str, str]:
     return server, server.url, ""
 
 
+def _wait_registered(config: MeshConfig, kvcache: ServiceProcess, workers: list[ServiceProcess]) -> None:
+    """Wait until every worker is registered and alive in kvcache_svc: a worker measures its real-time
+    capacity before it registers (a second or two), and the mesh is ready when sessions can be placed."""
+    expected = {f"worker{i}" for i in range(len(workers))}
+    token = ((INTERNAL_TOKEN_HEADER, config.env[INTERNAL_TOKEN_ENV]),)
+    deadline = time.monotonic() + WORKER_REGISTRATION_TIMEOUT_S
+    with grpc.insecure_channel(kvcache.address) as channel:
+        stub = kvcache_pb2_grpc.KVCacheServiceStub(channel)
+        while True:
+            reply = stub.ListWorkers(kvcache_pb2.ListWorkersRequest(), timeout=10, metadata=token)
+            alive = {w.worker_id for w in reply.workers if w.alive}
+            if expected <= alive:
+                return
+            for worker in workers:
+                if worker.process.poll() is not None:
+                    tail = worker.log_path.read_text(errors="replace")[-3000:]
+                    raise ServiceStartError(f"{worker.name} exited with code {worker.process.returncode}:\n{tail}")
+            if time.monotonic() > deadline:
+                missing = ", ".join(sorted(expected - alive))
+                raise ServiceStartError(
+                    f"{missing} did not register with kvcache_svc within {WORKER_REGISTRATION_TIMEOUT_S:.0f} s "
+                    f"(see the logs in {config.workdir})"
+                )
+            time.sleep(0.1)
+
+
 def start_mesh(config: MeshConfig) -> Mesh:
     """Start every service; internal calls carry a fresh random token (INFERIX_INTERNAL_TOKEN) and viewer
     tokens are signed with a fresh secret (INFERIX_VIEWER_SECRET)."""
@@ -254,6 +290,7 @@ def start_mesh(config: MeshConfig) -> Mesh:
         scheduler = _launch_scheduler(
             config, kvcache.address, streamer.address, viewer_url, rtmp_url, config.scheduler_port
         ).wait()
+        _wait_registered(config, kvcache, workers)
         return Mesh(config, kvcache, streamer, workers, scheduler, rtmp_server, rtmp_url, rtmp_note, viewer_url)
     except BaseException:
         for process in reversed(started):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,19 @@ from inferix.mesh.launch import ServiceProcess, start_service
 from tests.store.redis_server import RedisServer
 
 
+def stream_capacity(
+    width: int, height: int, streams: int, block_ms: float = 100.0, budget_ms: float = 187.5, measured_up_to: int = 8
+) -> kvcache_pb2.StreamCapacity:
+    """A worker's measured real-time capacity at one resolution, as it reports it."""
+    return kvcache_pb2.StreamCapacity(
+        resolution=common_pb2.Resolution(width=width, height=height),
+        streams=streams,
+        block_ms=block_ms,
+        budget_ms=budget_ms,
+        measured_up_to=measured_up_to,
+    )
+
+
 @dataclass
 class KVCache:
     """A running `python -m kvcache_svc` and a client for it."""
@@ -24,30 +37,55 @@ class KVCache:
     stub: kvcache_pb2_grpc.KVCacheServiceStub
     args: list[str] = field(default_factory=list)
 
-    def register(self, worker_id: str, total_pages: int, model: str = "tiny", used_pages: int = 0) -> Any:
+    def register(
+        self,
+        worker_id: str,
+        total_pages: int,
+        model: str = "tiny",
+        used_pages: int = 0,
+        capacity: Sequence[kvcache_pb2.StreamCapacity] = (),
+    ) -> Any:
         return self.stub.RegisterWorker(
             kvcache_pb2.RegisterWorkerRequest(
                 worker_id=worker_id,
                 address=f"127.0.0.1:{6000 + len(worker_id)}",
                 model=model,
                 kv=common_pb2.KVUsage(total_pages=total_pages, used_pages=used_pages, page_bytes=4096),
+                capacity=capacity,
             ),
             timeout=10,
         )
 
-    def heartbeat(self, worker_id: str, sequence: int, used_pages: int = 0, total_pages: int = 0) -> Any:
+    def heartbeat(
+        self,
+        worker_id: str,
+        sequence: int,
+        used_pages: int = 0,
+        total_pages: int = 0,
+        capacity: Sequence[kvcache_pb2.StreamCapacity] = (),
+    ) -> Any:
         return self.stub.Heartbeat(
             kvcache_pb2.HeartbeatRequest(
                 worker_id=worker_id,
                 sequence=sequence,
                 kv=common_pb2.KVUsage(total_pages=total_pages, used_pages=used_pages),
+                capacity=capacity,
             ),
             timeout=10,
         )
 
-    def admit(self, session_id: str, pages: int, model: str = "tiny", exclude: tuple[str, ...] = ()) -> str:
-        """Admit and return the chosen worker id."""
+    def admit(
+        self,
+        session_id: str,
+        pages: int,
+        model: str = "tiny",
+        exclude: tuple[str, ...] = (),
+        resolution: tuple[int, int] | None = None,
+    ) -> str:
+        """Admit (at `resolution`, (width, height), when given) and return the chosen worker id."""
         request = kvcache_pb2.AdmitRequest(session_id=session_id, model=model, pages=pages, exclude_workers=exclude)
+        if resolution is not None:
+            request.resolution.width, request.resolution.height = resolution
         return str(self.stub.Admit(request, timeout=10).worker.worker_id)
 
     def workers(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from inferix.api.v1 import kvcache_pb2
 from kvcache_svc.__main__ import main as kvcache_main
 from kvcache_svc.service import SERVICE_NAME
-from tests.kvcache_svc.conftest import KVCache, StartKVCache, expect_status
+from tests.kvcache_svc.conftest import KVCache, StartKVCache, expect_status, stream_capacity
 from tests.store.redis_server import RedisServer
 
 MEMORY = ("--redis-url", "memory://")
@@ -115,8 +115,14 @@ def test_admission_best_fit_never_overcommits_and_release_frees(
     assert sorted(chosen + ["w2", "w1"]) == ["w1"] * 4 + ["w2"] * 3
     workers = kvcache.workers()
     assert (workers["w1"].reserved_pages, workers["w2"].reserved_pages) == (16, 12)
-    expect_status(CODE.RESOURCE_EXHAUSTED, lambda: kvcache.admit("s7", pages=4), "needs 4 pages", "most free", "is 0")
-    expect_status(CODE.RESOURCE_EXHAUSTED, lambda: kvcache.admit("big", pages=17), "needs 17 pages")
+    expect_status(
+        CODE.RESOURCE_EXHAUSTED,
+        lambda: kvcache.admit("s7", pages=4),
+        "4 KV pages",
+        "w1: 0 free of 16",
+        "w2: 0 free of 12",
+    )
+    expect_status(CODE.RESOURCE_EXHAUSTED, lambda: kvcache.admit("big", pages=17), "17 KV pages", "fewer pages")
 
     kvcache.stub.Release(kvcache_pb2.ReleaseRequest(session_id="s1"), timeout=10)
     assert kvcache.workers()["w1"].reserved_pages == 12
@@ -156,6 +162,54 @@ def test_concurrent_admissions_never_overcommit(start_kvcache: StartKVCache, sto
     metrics = _metrics(kvcache)
     assert metrics['inferix_kvcache_admissions_total{outcome="accepted"}'] == 10
     assert metrics['inferix_kvcache_admissions_total{outcome="rejected"}'] == 6
+
+
+def test_admission_counts_real_time_streams(start_kvcache: StartKVCache, store_args: list[str]) -> None:
+    kvcache = start_kvcache(*store_args)
+    kvcache.register("w1", total_pages=64, capacity=[stream_capacity(64, 64, 2, block_ms=150.0, budget_ms=187.5)])
+    kvcache.register("w2", total_pages=64)  # not measured yet
+    workers = kvcache.workers()
+    [measured] = workers["w1"].capacity
+    assert (measured.resolution.width, measured.resolution.height, measured.streams) == (64, 64, 2)
+    assert (measured.block_ms, measured.budget_ms, measured.measured_up_to) == (150.0, 187.5, 8)
+    assert not workers["w2"].capacity and workers["w1"].stream_load == 0.0
+
+    assert kvcache.admit("s1", pages=4, resolution=(64, 64), exclude=("w2",)) == "w1"
+    assert kvcache.admit("s2", pages=4, resolution=(64, 64), exclude=("w2",)) == "w1"
+    assert kvcache.workers()["w1"].stream_load == 1.0
+    details = expect_status(
+        CODE.RESOURCE_EXHAUSTED,
+        lambda: kvcache.admit("s3", pages=4, resolution=(64, 64), exclude=("w2",)),
+        "no worker has room for session 's3' (model 'tiny' at 64x64, 4 KV pages)",
+        "w1: 2 of 2 real-time streams at 64x64 in use (block 150 ms at 2 streams, budget 188 ms), 56 free of 64 pages",
+        "w2: excluded",
+        "ask for a lower resolution",
+    )
+    assert "127.0.0.1" not in details  # no internal address reaches a client
+    assert kvcache.admit("s3", pages=4, resolution=(64, 64)) == "w2"  # unmeasured: pages only, and unloaded
+    expect_status(
+        CODE.INVALID_ARGUMENT, lambda: kvcache.admit("s4", pages=4, resolution=(64, 0)), "set both width and height"
+    )
+
+    # A heartbeat's capacity replaces the last one; sessions keep their shares; an empty list changes nothing.
+    kvcache.heartbeat("w1", 1, capacity=[stream_capacity(64, 64, 4), stream_capacity(128, 128, 1)])
+    kvcache.heartbeat("w1", 2)
+    workers = kvcache.workers()
+    assert [(c.resolution.width, c.streams) for c in workers["w1"].capacity] == [(64, 4), (128, 1)]
+    assert workers["w1"].stream_load == 1.0
+    kvcache.stub.Release(kvcache_pb2.ReleaseRequest(session_id="s1"), timeout=10)
+    assert kvcache.workers()["w1"].stream_load == 0.5
+    assert kvcache.admit("s5", pages=4, resolution=(64, 64), exclude=("w2",)) == "w1"  # now a quarter
+    assert kvcache.workers()["w1"].stream_load == 0.75
+    expect_status(
+        CODE.INVALID_ARGUMENT,
+        lambda: kvcache.heartbeat("w1", 3, capacity=[stream_capacity(64, 64, 1), stream_capacity(64, 64, 2)]),
+        "reported twice",
+    )
+    metrics = _metrics(kvcache)
+    assert metrics['inferix_kvcache_refusals_total{reason="realtime"}'] == 1
+    assert metrics['inferix_kvcache_refusals_total{reason="pages"}'] == 0
+    _wait_for(lambda: _metrics(kvcache).get("inferix_kvcache_stream_load") == 0.75)
 
 
 def test_silent_worker_is_dead_and_never_chosen(start_kvcache: StartKVCache) -> None:

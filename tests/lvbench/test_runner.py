@@ -19,7 +19,9 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     workdir = tmp_path_factory.mktemp("lvbench-mesh")
     keys = workdir / "api-keys"
     keys.write_text(f"{KEY} lvbench\n")
-    running = start_mesh(MeshConfig(workdir=workdir, workers=1, worker_threads=1, api_keys_file=keys))
+    running = start_mesh(
+        MeshConfig(workdir=workdir, workers=1, worker_threads=1, api_keys_file=keys, realtime_streams=64)
+    )
     yield running
     codes = running.stop()
     assert all(code == 0 for code in codes.values()), codes

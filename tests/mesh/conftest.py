@@ -34,6 +34,10 @@ def mesh_config(workdir: Path, **kwargs: object) -> MeshConfig:
     keys.write_text(f"{KEY_A} alice\n{KEY_B} bob\n")
     # One torch thread per worker: the same numerics as `generate --threads 1` and no oversubscription.
     kwargs.setdefault("worker_threads", 1)
+    # Place sessions by KV pages, whatever this machine's speed: a worker of a slow or busy CI box
+    # measures less than one real-time stream and would take one session at a time. Real-time
+    # admission is tested on its own (tests/mesh/test_batching.py, tests/kvcache_svc).
+    kwargs.setdefault("realtime_streams", 64)
     return MeshConfig(workdir=workdir, api_keys_file=keys, **kwargs)  # type: ignore[arg-type]
 
 

@@ -52,7 +52,8 @@ class ForwardStats:
 
 @dataclass(eq=False)
 class BatchJob(Generic[T]):
-    """A job in a batcher; `result` (or `error`) once `done`."""
+    """A job in a batcher; `result` (or `error`) once `done`, with how it ran: from its start to its
+    end (`seconds`), in `forwards` forwards of `mean_batch` sessions on average."""
 
     job: DiTJob[T]
     order: int
@@ -60,6 +61,18 @@ class BatchJob(Generic[T]):
     done: bool = False
     result: T | None = None
     error: BaseException | None = None
+    started_s: float = 0.0
+    finished_s: float = 0.0
+    forwards: int = 0
+    batched_with: int = 0  # the sessions of all its forwards, summed
+
+    @property
+    def seconds(self) -> float:
+        return self.finished_s - self.started_s
+
+    @property
+    def mean_batch(self) -> float:
+        return self.batched_with / self.forwards if self.forwards else 1.0
 
     def value(self) -> T:
         """The job's result, or its error raised."""
@@ -205,6 +218,8 @@ class BlockBatcher:
             rows = sum(self._rows(entry) for entry in ready)
             self.on_forward(ForwardStats(len(ready), rows, time.perf_counter() - began, kinds))
         for entry, flow in zip(ready, flows, strict=True):
+            entry.forwards += 1
+            entry.batched_with += len(ready)
             self._advance(entry, flow=flow)
         return [e for e in entries if e.done]
 
@@ -219,6 +234,7 @@ class BlockBatcher:
         """Move the job to its next call; False once it has finished (its result or error kept)."""
         try:
             if start:
+                entry.started_s = time.perf_counter()
                 entry.call = next(entry.job)
             elif error is not None:
                 entry.call = entry.job.throw(error)
@@ -232,4 +248,5 @@ class BlockBatcher:
             entry.error = exc
         entry.done = True
         entry.call = None
+        entry.finished_s = time.perf_counter()
         return False

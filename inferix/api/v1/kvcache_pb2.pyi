@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "kv", "reserved_pages", "last_seen_unix", "alive", "suspect", "departed")
+    __slots__ = ("worker_id", "address", "model", "kv", "reserved_pages", "last_seen_unix", "alive", "suspect", "departed", "capacity", "stream_load")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,8 @@ class WorkerInfo(_message.Message):
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     SUSPECT_FIELD_NUMBER: _ClassVar[int]
     DEPARTED_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    STREAM_LOAD_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -27,19 +29,37 @@ class WorkerInfo(_message.Message):
     alive: bool
     suspect: bool
     departed: bool
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., reserved_pages: _Optional[int] = ..., last_seen_unix: _Optional[float] = ..., alive: _Optional[bool] = ..., suspect: _Optional[bool] = ..., departed: _Optional[bool] = ...) -> None: ...
+    capacity: _containers.RepeatedCompositeFieldContainer[StreamCapacity]
+    stream_load: float
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., reserved_pages: _Optional[int] = ..., last_seen_unix: _Optional[float] = ..., alive: _Optional[bool] = ..., suspect: _Optional[bool] = ..., departed: _Optional[bool] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ..., stream_load: _Optional[float] = ...) -> None: ...
+
+class StreamCapacity(_message.Message):
+    __slots__ = ("resolution", "streams", "block_ms", "budget_ms", "measured_up_to")
+    RESOLUTION_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_MS_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_MS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_UP_TO_FIELD_NUMBER: _ClassVar[int]
+    resolution: _common_pb2.Resolution
+    streams: int
+    block_ms: float
+    budget_ms: float
+    measured_up_to: int
+    def __init__(self, resolution: _Optional[_Union[_common_pb2.Resolution, _Mapping]] = ..., streams: _Optional[int] = ..., block_ms: _Optional[float] = ..., budget_ms: _Optional[float] = ..., measured_up_to: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "kv")
+    __slots__ = ("worker_id", "address", "model", "kv", "capacity")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
     kv: _common_pb2.KVUsage
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ...) -> None: ...
+    capacity: _containers.RepeatedCompositeFieldContainer[StreamCapacity]
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s",)
@@ -82,18 +102,20 @@ class SessionKVReport(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., device_pages: _Optional[int] = ..., host_pages: _Optional[int] = ..., last_block_unix: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "sequence", "kv", "session_ids", "session_reports")
+    __slots__ = ("worker_id", "sequence", "kv", "session_ids", "session_reports", "capacity")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     SESSION_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     sequence: int
     kv: _common_pb2.KVUsage
     session_ids: _containers.RepeatedScalarFieldContainer[str]
     session_reports: _containers.RepeatedCompositeFieldContainer[SessionKVReport]
-    def __init__(self, worker_id: _Optional[str] = ..., sequence: _Optional[int] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ..., session_reports: _Optional[_Iterable[_Union[SessionKVReport, _Mapping]]] = ...) -> None: ...
+    capacity: _containers.RepeatedCompositeFieldContainer[StreamCapacity]
+    def __init__(self, worker_id: _Optional[str] = ..., sequence: _Optional[int] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ..., session_reports: _Optional[_Iterable[_Union[SessionKVReport, _Mapping]]] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("offload_session_ids",)
@@ -124,16 +146,18 @@ class ListWorkersResponse(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[_Union[WorkerInfo, _Mapping]]] = ...) -> None: ...
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("session_id", "model", "pages", "exclude_workers")
+    __slots__ = ("session_id", "model", "pages", "exclude_workers", "resolution")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PAGES_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     model: str
     pages: int
     exclude_workers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., pages: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ...) -> None: ...
+    resolution: _common_pb2.Resolution
+    def __init__(self, session_id: _Optional[str] = ..., model: _Optional[str] = ..., pages: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., resolution: _Optional[_Union[_common_pb2.Resolution, _Mapping]] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
     __slots__ = ("worker",)

@@ -1,0 +1,82 @@
+"""Real-time capacity from measured block latencies (workers.capacity), and the worker's startup probe."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from workers.capacity import MAX_STREAMS, CapacityMeter
+from workers.engine.model_dir import load_model
+from workers.service import WorkerConfig, WorkerService
+
+FPS = 16.0
+FRAMES = 3  # a toyworld block: budget 187.5 ms
+
+
+def test_streams_are_the_largest_batch_whose_blocks_fit_the_budget() -> None:
+    meter = CapacityMeter(FPS)
+    for batch, latency in ((1, 0.060), (2, 0.090), (4, 0.150), (8, 0.270)):  # 30 ms per extra session
+        meter.record(64, 64, batch, latency, FRAMES)
+    (cap,) = meter.capacities()
+    # 4 -> 150 ms fits, the line through the points gives 5 -> 180 ms, 6 -> 210 ms > 187.5 ms
+    assert (cap.width, cap.height, cap.streams, cap.measured_up_to) == (64, 64, 5, 8)
+    assert cap.budget_s == pytest.approx(FRAMES / FPS) and cap.block_s == pytest.approx(0.180)
+
+
+def test_one_measured_size_assumes_no_further_batching_gain() -> None:
+    meter = CapacityMeter(FPS)
+    meter.record(64, 64, 2, 0.080, FRAMES)  # 2 sessions in 80 ms: 4 would take 160 ms, 5 200 ms
+    assert meter.at(64, 64).streams == 4  # type: ignore[union-attr]
+    assert meter.at(32, 32) is None
+
+
+def test_a_worker_slower_than_real_time_holds_no_stream_and_says_how_slow() -> None:
+    meter = CapacityMeter(FPS)
+    meter.record(128, 128, 1, 1.0, 12)  # budget 750 ms
+    cap = meter.at(128, 128)
+    assert cap is not None and cap.streams == 0 and cap.block_s == pytest.approx(1.0)
+
+
+def test_measurements_are_averaged_per_resolution_and_batch_size() -> None:
+    meter = CapacityMeter(FPS)
+    meter.record(64, 64, 1.2, 0.100, FRAMES)  # a mean batch of 1.2 counts as 1
+    meter.record(64, 64, 1, 0.200, FRAMES)
+    meter.record(32, 32, 1, 0.010, FRAMES)
+    small, large = meter.capacities()
+    assert (small.width, large.width) == (32, 64)
+    assert large.block_s == pytest.approx(0.7 * 0.100 + 0.3 * 0.200)
+    assert small.streams == 18  # 10 ms alone, and no gain assumed: 18 x 10 ms <= 187.5 ms
+
+
+def test_a_flat_latency_line_claims_at_most_max_streams() -> None:
+    meter = CapacityMeter(FPS)
+    meter.record(64, 64, 1, 0.010, FRAMES)
+    meter.record(64, 64, 2, 0.010, FRAMES)
+    assert meter.at(64, 64).streams == MAX_STREAMS  # type: ignore[union-attr]
+
+
+def test_a_pinned_capacity_overrides_the_measured_streams_only() -> None:
+    meter = CapacityMeter(FPS, pinned_streams=6)
+    meter.record(64, 64, 1, 0.150, FRAMES)
+    cap = meter.at(64, 64)
+    assert cap is not None and cap.streams == 6 and cap.block_s == pytest.approx(0.150 * 6)
+    with pytest.raises(ValueError, match="pinned_streams"):
+        CapacityMeter(FPS, pinned_streams=-1)
+
+
+def test_the_worker_probe_measures_its_native_resolution_with_batched_sessions() -> None:
+    """The real startup probe of a toyworld worker (no other service needed: it talks to none)."""
+    model = load_model("toyworld")
+
+    async def probe() -> tuple[list[object], list[str], int]:
+        service = WorkerService(model, WorkerConfig("w", "127.0.0.1:1", kv_pages=64, capacity_probe_streams=2))
+        await service.probe_capacity()
+        return service.capacity_report(), service.pool.session_ids(), service.batcher.running
+
+    report, left_open, running = asyncio.run(probe())
+    assert left_open == [] and running == 0  # probe sessions are closed, their pages freed
+    (cap,) = report
+    assert (cap.resolution.width, cap.resolution.height) == (64, 64)  # type: ignore[attr-defined]
+    assert cap.measured_up_to in (1, 2) and cap.budget_ms == pytest.approx(187.5)  # type: ignore[attr-defined]
+    assert cap.block_ms > 0  # type: ignore[attr-defined]

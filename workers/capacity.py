@@ -1,0 +1,102 @@
+"""How many real-time streams a worker holds, per resolution, from its measured block latencies.
+
+With continuous batching, N sessions of one resolution each get a block every L(N) seconds, where
+L(N) is the block latency when N sessions run together; they all play in real time while
+L(N) <= the block's budget (its frames / fps). The meter keeps a moving average of L per batch
+size N (the mean number of sessions in the forwards a block took part in), fits L(N) = a + b*N
+through the sizes it has seen (a startup probe and every block served), and reports the largest N
+inside the budget. Beyond the largest size measured the line is an extrapolation, and says so
+(`measured_up_to`); with a single size measured it assumes no further batching gain (L grows in
+proportion to N), which errs on the safe side. An operator may pin the streams instead
+(`pinned_streams`, e.g. to leave headroom); latencies are still measured and reported.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+MAX_STREAMS = 256  # no worker claims more streams of one resolution than this
+EMA_WEIGHT = 0.3  # weight of a new latency sample in the moving average of its batch size
+
+
+@dataclass(frozen=True)
+class StreamCapacity:
+    """Real-time capacity at one resolution: `streams` sessions, each block in `block_s` <= `budget_s`."""
+
+    width: int
+    height: int
+    streams: int
+    block_s: float  # latency at `streams` sessions (at 1 session when streams is 0)
+    budget_s: float
+    measured_up_to: int
+
+
+class CapacityMeter:
+    """Block latencies per (resolution, batch size) -> real-time streams per resolution. Thread-safe."""
+
+    def __init__(self, fps: float, pinned_streams: int = 0) -> None:
+        if fps <= 0:
+            raise ValueError(f"fps must be > 0, got {fps}")
+        if pinned_streams < 0:
+            raise ValueError(f"pinned_streams must be >= 0 (0: measured), got {pinned_streams}")
+        self.fps = fps
+        self.pinned_streams = pinned_streams
+        self._latency: dict[tuple[int, int], dict[int, float]] = {}
+        self._budget: dict[tuple[int, int], float] = {}
+        self._lock = threading.Lock()
+
+    def record(self, width: int, height: int, batch: float, block_s: float, frames: int) -> None:
+        """A block of `frames` pixel frames took `block_s` while `batch` sessions ran (on average)."""
+        size = max(1, round(batch))
+        key = (width, height)
+        with self._lock:
+            self._budget[key] = frames / self.fps
+            samples = self._latency.setdefault(key, {})
+            previous = samples.get(size)
+            samples[size] = block_s if previous is None else (1 - EMA_WEIGHT) * previous + EMA_WEIGHT * block_s
+
+    def at(self, width: int, height: int) -> StreamCapacity | None:
+        """The capacity at this resolution (None: nothing measured at it)."""
+        with self._lock:
+            return self._capacity((width, height)) if (width, height) in self._latency else None
+
+    def capacities(self) -> list[StreamCapacity]:
+        with self._lock:
+            return [self._capacity(key) for key in sorted(self._latency)]
+
+    def _capacity(self, key: tuple[int, int]) -> StreamCapacity:
+        samples = self._latency[key]
+        budget = self._budget[key]
+        streams = self.pinned_streams or self._realtime_streams(samples, budget)
+        return StreamCapacity(
+            width=key[0],
+            height=key[1],
+            streams=streams,
+            block_s=self._latency_at(samples, max(streams, 1)),
+            budget_s=budget,
+            measured_up_to=max(samples),
+        )
+
+    @classmethod
+    def _realtime_streams(cls, samples: dict[int, float], budget: float) -> int:
+        streams = 0
+        while streams < MAX_STREAMS and cls._latency_at(samples, streams + 1) <= budget:
+            streams += 1
+        return streams
+
+    @staticmethod
+    def _latency_at(samples: dict[int, float], n: int) -> float:
+        """Measured L(n), or the fitted line's value (never below the largest measured size's)."""
+        if n in samples:
+            return samples[n]
+        sizes = sorted(samples)
+        if len(sizes) == 1:
+            only = sizes[0]
+            return samples[only] * max(n, only) / only
+        mean_n = sum(sizes) / len(sizes)
+        mean_l = sum(samples[s] for s in sizes) / len(sizes)
+        slope = sum((s - mean_n) * (samples[s] - mean_l) for s in sizes) / sum((s - mean_n) ** 2 for s in sizes)
+        fitted = mean_l + max(slope, 0.0) * (n - mean_n)
+        below = [s for s in sizes if s < n]
+        return max(fitted, samples[below[-1]]) if below else fitted
