@@ -57,6 +57,20 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--api-keys-file", type=Path, default=None, help="require API keys (one per line)")
     parser.add_argument("--lookahead", type=int, default=2, help="blocks generated ahead of playback (default 2)")
     parser.add_argument(
+        "--realtime-streams",
+        type=int,
+        default=0,
+        metavar="N",
+        help="each worker admits N real-time streams per resolution instead of the measured number (0: measured)",
+    )
+    parser.add_argument(
+        "--capacity-probe",
+        type=int,
+        default=8,
+        metavar="N",
+        help="workers measure their real-time capacity with up to N probe sessions at startup (0: none; default 8)",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=None,
@@ -94,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
             f"--model {args.model}: not a folder nor a built-in model ({', '.join(BUILTIN_MODELS)}); "
             "see README: model folders"
         )
+    if args.realtime_streams < 0 or args.capacity_probe < 0:
+        raise UserError("--realtime-streams and --capacity-probe must be >= 0")
     if args.rtmp not in ("auto", "off") and not args.rtmp.startswith(("rtmp://", "rtmps://")):
         raise UserError(f"--rtmp must be auto, off or an rtmp:// URL, got {args.rtmp!r}")
     try:
@@ -113,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         api_keys_file=args.api_keys_file,
         lookahead=args.lookahead,
+        realtime_streams=args.realtime_streams,
+        capacity_probe=args.capacity_probe,
         http_port=args.http_port,
         rtmp=args.rtmp,
         env={INTERNAL_TOKEN_ENV: token} if token else {},
