@@ -80,7 +80,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["toyworld", "mid", "both"], default="both")
     p.add_argument("--sessions", default="1,2,4,8", help="comma-separated N (default 1,2,4,8)")
-    p.add_argument("--rounds", type=int, default=0, help="rounds per mode and N (default: 6 toyworld, 2 mid)")
+    p.add_argument("--rounds", type=int, default=0, help="rounds per mode and N (default: 6 toyworld, 1 mid)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--realtime", action="store_true", help="also find how many toyworld streams keep 16 fps")
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the figures to OUT as JSON")
@@ -217,7 +217,7 @@ def main() -> None:
             pipeline = BlockDiffusionPipeline(dit, config)
             return mid_streams(pipeline, n), mid_streams(pipeline, n), BlockBatcher(dit)
 
-        rows += measure("mid-size (dim 384, 6 layers, 448 tokens/frame, 4+1 calls/block)", mid, ns, args.rounds or 2)
+        rows += measure("mid-size (dim 384, 6 layers, 448 tokens/frame, 4+1 calls/block)", mid, ns, args.rounds or 1)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

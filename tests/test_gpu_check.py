@@ -28,6 +28,7 @@ STAGES = [
     "attention",
     "kv-offload",
     "bench-engine",
+    "batching",
     "extras",
     "pods",
 ]
@@ -83,6 +84,9 @@ def test_dry_run_runs_every_stage_and_records_its_figures(tmp_path: Path) -> Non
     assert kv["bit_exact"] and kv["offload_gb_per_s"] > 0 and kv["restore_gb_per_s"] > 0
     assert m["bench-engine"]["time_paged_over_contiguous"] > 0
     assert m["bench-engine"]["paged"]["kv_mib_per_session"] > 0
+    (row,) = m["batching"]["native"]["rows"]
+    assert row["sessions"] == 2 and row["batched_fps"] > 0
+    assert row["max_abs_diff"] == 0.0  # on a CPU, batched blocks are bit-identical to solo ones
     assert m["extras"]["libx264"]["fps"] > 0
     assert m["extras"]["torch_compile"]["status"] == "not available"
 
