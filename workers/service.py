@@ -293,13 +293,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             try:
                 async with self.engine_lock:
                     finished = await asyncio.to_thread(self.batcher.step)
-            except Exception as exc:  # a step the batcher could not contain: fail its waiters, not the pump
+            except Exception as exc:  # a failure outside any one job: every block in progress fails with it
                 log.exception("batcher step failed")
-                for done, _ in self._waiters.values():
-                    if not done.done():
-                        done.set_exception(exc)
-                self._waiters.clear()
-                return
+                finished = self.batcher.fail_all(exc)
             for entry in finished:
                 done, video = self._waiters.pop(entry)
                 if entry.error is not None:

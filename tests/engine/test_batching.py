@@ -186,3 +186,17 @@ def test_toyworld_frames_batched_have_the_sha256_of_each_session_alone() -> None
         for i, block in enumerate(batcher.run([s.block_job() for s in sessions])):
             frames[i].append(block.frames.tobytes())
     assert [digest(f) for f in frames] == expected
+
+
+def test_fail_all_ends_every_job_with_the_error() -> None:
+    pipe = pipeline()
+    batcher = BlockBatcher(pipe.dit)
+    running = batcher.add(open_session(pipe, 0).block_job())
+    batcher.step()
+    queued = batcher.add(open_session(pipe, 1).block_job())
+    failure = RuntimeError("device lost")
+    assert set(map(id, batcher.fail_all(failure))) == {id(running), id(queued)}
+    assert not batcher.busy
+    for job in (running, queued):
+        with pytest.raises(RuntimeError, match="device lost"):
+            job.value()

@@ -133,6 +133,16 @@ class BlockBatcher:
         self._running = [entry for entry in self._running if not entry.done]
         return finished
 
+    def fail_all(self, error: BaseException) -> list[BatchJob[object]]:
+        """End every queued and running job with `error` (after a step failed outside any job)."""
+        with self._lock:
+            entries, self._arriving = [*self._running, *self._arriving], []
+        self._running = []
+        for entry in entries:
+            entry.job.close()
+            entry.error, entry.done, entry.call = error, True, None
+        return entries
+
     def run(self, jobs: Iterable[DiTJob[T]]) -> list[T]:
         """Run these jobs together to the end; their results in order (the first error raised)."""
         entries = [self.add(job) for job in jobs]

@@ -16,6 +16,9 @@ from torch import Tensor
 
 BackendName = Literal["auto", "sdpa", "flash"]
 _FLASH_PAGE_MULTIPLE = 256  # flash-attn's paged KV needs page sizes divisible by 256
+# Cached tokens per session up to which one attention call for several sessions (their K/V gathered
+# into one tensor) beats a call each reading its pages in place: beyond it the copies cost more.
+GATHER_KV_LIMIT = 2048
 
 
 class AttentionBackend:
@@ -32,6 +35,10 @@ class AttentionBackend:
         k = k_pages.index_select(0, page_ids).flatten(0, 1).unsqueeze(0)
         v = v_pages.index_select(0, page_ids).flatten(0, 1).unsqueeze(0)
         return self.dense(q, k, v)
+
+    def batches_pages(self, q: Tensor, k_pages: Tensor, kv_tokens: int) -> bool:
+        """Whether `paged_batch` pays for sessions of `kv_tokens` cached tokens (else: a call each)."""
+        return kv_tokens <= GATHER_KV_LIMIT
 
     def paged_batch(self, q: Tensor, k_pages: Tensor, v_pages: Tensor, page_ids: list[Tensor]) -> Tensor:
         """Attention of several sessions at once: q [n, L, H, D], row i over pages `page_ids[i]`
@@ -69,6 +76,10 @@ class FlashAttentionBackend(AttentionBackend):
         block_table = page_ids.to(device=q.device, dtype=torch.int32).unsqueeze(0)
         seqlens = torch.tensor([page_ids.numel() * page_size], device=q.device, dtype=torch.int32)
         return self._flash.flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=block_table)
+
+    def batches_pages(self, q: Tensor, k_pages: Tensor, kv_tokens: int) -> bool:
+        native = self._usable(q) and k_pages.shape[1] % _FLASH_PAGE_MULTIPLE == 0  # reads pages in place
+        return native or super().batches_pages(q, k_pages, kv_tokens)
 
     def paged_batch(self, q: Tensor, k_pages: Tensor, v_pages: Tensor, page_ids: list[Tensor]) -> Tensor:
         page_size = k_pages.shape[1]

@@ -63,7 +63,9 @@ class PackedSelfAttention:
     """The self-attention cache of a batched forward: each session's rows attend to its own cache.
 
     Sessions whose caches are paged, with as many query rows and cached pages (the usual case once
-    windows are full), attend in one kernel call; the others one by one.
+    windows are full), attend in one kernel call where the backend says it pays
+    (`AttentionBackend.batches_pages`: short caches, or a kernel that reads pages in place); the
+    others one by one.
     """
 
     def __init__(self, caches: list[SelfAttentionCache], rows: list[int]) -> None:
@@ -80,13 +82,16 @@ class PackedSelfAttention:
             return torch.cat([cache.attend(layer, qi, ki, vi, backend) for cache, qi, ki, vi in parts], dim=1)
         groups: dict[tuple[int, int, int], list[int]] = {}
         tables = []
+        out: list[Tensor] = [q] * len(parts)
         for i, (cache, qi, ki, vi) in enumerate(parts):
             paged = cast(PagedAttentionCache, cache)
-            paged.store(layer, ki, vi)
             k_pages, v_pages, ids = paged.layer_pages(layer)
             tables.append((k_pages, v_pages, ids))
-            groups.setdefault((k_pages.data_ptr(), qi.shape[1], ids.numel()), []).append(i)
-        out: list[Tensor] = [q] * len(parts)
+            if backend.batches_pages(qi, k_pages, ids.numel() * k_pages.shape[1]):
+                paged.store(layer, ki, vi)
+                groups.setdefault((k_pages.data_ptr(), qi.shape[1], ids.numel()), []).append(i)
+            else:  # a long cache: read in place (a view of consecutive pages), not gathered
+                out[i] = cache.attend(layer, qi, ki, vi, backend)
         for members in groups.values():
             k_pages, v_pages, _ = tables[members[0]]
             queries = torch.cat([parts[i][1] for i in members])
