@@ -20,7 +20,7 @@ import grpc
 
 from inferix.errors import UserError
 from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
-from workers.engine.batching import DEFAULT_MAX_TOKENS
+from workers.engine.batching import CPU_MAX_TOKENS, CUDA_MAX_TOKENS
 from workers.pod import add_parallel_arguments, rank, world_size
 
 if TYPE_CHECKING:
@@ -71,8 +71,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--max-batch-tokens",
         type=int,
-        default=int(env("INFERIX_MAX_BATCH_TOKENS", str(DEFAULT_MAX_TOKENS))),
-        help=f"token rows per batched DiT forward at most (sessions' blocks run batched; default {DEFAULT_MAX_TOKENS})",
+        default=int(env("INFERIX_MAX_BATCH_TOKENS", "0")),
+        help=f"token rows per batched DiT forward at most (sessions' blocks run batched; default 0: "
+        f"{CPU_MAX_TOKENS} on a CPU, {CUDA_MAX_TOKENS} on a GPU)",
     )
     parser.add_argument(
         "--capacity-probe",
@@ -98,8 +99,8 @@ def main() -> None:
     args = parse_args()
     if args.kv_pages < 1:
         raise SystemExit(f"--kv-pages must be >= 1, got {args.kv_pages}")
-    if args.max_batch_tokens < 1:
-        raise SystemExit(f"--max-batch-tokens must be >= 1, got {args.max_batch_tokens}")
+    if args.max_batch_tokens < 0:
+        raise SystemExit(f"--max-batch-tokens must be >= 0 (0: by device), got {args.max_batch_tokens}")
     if args.capacity_probe < 0:
         raise SystemExit(f"--capacity-probe must be >= 0, got {args.capacity_probe}")
     if args.realtime_streams < 0:

@@ -53,7 +53,7 @@ from inferix.spec.sizing import session_shape
 from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from workers import metrics
 from workers.capacity import CapacityMeter
-from workers.engine.batching import DEFAULT_MAX_TOKENS, BatchJob
+from workers.engine.batching import BatchJob
 from workers.engine.engine import Engine, EngineSession, VideoBlock, shared_pool
 from workers.engine.kv.errors import KVCapacityError
 from workers.engine.kv.pool import KVPool
@@ -75,8 +75,8 @@ class WorkerConfig:
     heartbeat_interval_s: float = 2.0
     # Write a profiler report (every block of every session, engine regions) here on shutdown.
     profile_dir: Path | None = None
-    # Token rows per batched forward at most (continuous batching across sessions).
-    max_batch_tokens: int = DEFAULT_MAX_TOKENS
+    # Token rows per batched forward at most (continuous batching across sessions); 0: by device.
+    max_batch_tokens: int = 0
     # At startup, measure block latency with 1, 2, 4, ... probe sessions up to this many (0: no probe;
     # the capacity is then learnt from the blocks served).
     capacity_probe_streams: int = 8
@@ -125,7 +125,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._blocks_run = 0  # the profiler numbers blocks across sessions
         self.draining = False  # set on SIGTERM: new sessions and blocks go to other workers
         self._block_tasks: set[asyncio.Future[common_pb2.BlockEvent]] = set()  # blocks in flight
-        self.batcher = self.engine.batcher(config.max_batch_tokens, on_forward=metrics.observe_forward)
+        self.batcher = self.engine.batcher(config.max_batch_tokens or None, on_forward=metrics.observe_forward)
         self._waiters: dict[BatchJob[object], tuple[asyncio.Future[VideoBlock], EngineSession]] = {}
         self._pump: asyncio.Task[None] | None = None
         self.capacity = CapacityMeter(model.fps, config.realtime_streams)

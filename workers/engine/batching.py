@@ -34,9 +34,17 @@ from workers.engine.models.wan.dit import CausalWanDiT, DiTCall
 from workers.engine.pipeline import DiTJob
 
 T = TypeVar("T")
-# Token rows per forward at most: enough for dozens of small streams, or a few 480p blocks
-# (1560 tokens per latent frame x 3 frames each), without one forward's activations growing unbounded.
-DEFAULT_MAX_TOKENS = 16384
+# Token rows per forward at most, by device (`default_max_tokens`). On a GPU, a few 480p blocks (1560
+# tokens per latent frame x 3 frames each) per forward, without its activations growing unbounded. On
+# a CPU, batching pays by sharing each op's fixed cost among small calls; once a forward has a few
+# thousand rows there is none left to share, and larger ones only thrash the caches (measured in
+# bench/RESULTS.md: 8 sessions of 1344 rows batched were 0.8x one at a time).
+CUDA_MAX_TOKENS = 16384
+CPU_MAX_TOKENS = 2048
+
+
+def default_max_tokens(device: torch.device | str) -> int:
+    return CPU_MAX_TOKENS if torch.device(device).type == "cpu" else CUDA_MAX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -89,9 +97,12 @@ class BlockBatcher:
     def __init__(
         self,
         dit: CausalWanDiT,
-        max_tokens: int = DEFAULT_MAX_TOKENS,
+        max_tokens: int | None = None,
         on_forward: Callable[[ForwardStats], None] | None = None,
     ) -> None:
+        """`max_tokens`: token rows per forward at most (None: `default_max_tokens` of the DiT's device)."""
+        if max_tokens is None:
+            max_tokens = default_max_tokens(dit.patch_embedding.weight.device)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.dit = dit

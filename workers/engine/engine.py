@@ -45,7 +45,7 @@ from inferix.errors import UserError
 from inferix.profiling import profile
 from inferix.spec.blocks import CommittedBlock
 from inferix.spec.sizing import native_latent_size
-from workers.engine.batching import DEFAULT_MAX_TOKENS, BlockBatcher, ForwardStats
+from workers.engine.batching import BlockBatcher, ForwardStats
 from workers.engine.kv.pool import KVPool, SessionUsage
 from workers.engine.model_dir import LoadedModel, load_model
 from workers.engine.parallel.pod_driver import PodDriver, PodSession
@@ -346,9 +346,10 @@ class Engine:
         return self.pipeline.pool
 
     def batcher(
-        self, max_tokens: int = DEFAULT_MAX_TOKENS, on_forward: Callable[[ForwardStats], None] | None = None
+        self, max_tokens: int | None = None, on_forward: Callable[[ForwardStats], None] | None = None
     ) -> BlockBatcher:
-        """A batcher that runs this engine's sessions' block jobs together (continuous batching)."""
+        """A batcher that runs this engine's sessions' block jobs together (continuous batching); at most
+        `max_tokens` token rows per forward (None: the default of the model's device)."""
         return BlockBatcher(self.model.dit, max_tokens, on_forward)
 
     @property
