@@ -9,6 +9,7 @@ ratio. Batched blocks are bit-identical to one-at-a-time ones, checked here on e
 
     python bench/batching.py                       # toyworld (default model) and a mid-size DiT
     python bench/batching.py --model toyworld --realtime   # also: toyworld streams at 16 fps on one core
+    python bench/batching.py --threads 1 --profile 8       # where the time goes, per op
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=0, help="rounds per mode and N (default: 6 toyworld, 1 mid)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--realtime", action="store_true", help="also find how many toyworld streams keep 16 fps")
+    p.add_argument(
+        "--profile",
+        type=int,
+        metavar="N",
+        default=0,
+        help="instead: where the time of one toyworld round of N sessions goes, per op, batched vs one at a time",
+    )
     p.add_argument("--json", type=Path, metavar="OUT", help="also write the figures to OUT as JSON")
     return p.parse_args()
 
@@ -199,6 +207,32 @@ def _realtime_streams(engine: Engine, fps: float, rounds: int) -> dict[str, obje
     return {"realtime_fps": fps, "streams": best, "per_stream_fps": tried}
 
 
+def profile_ops(engine: Engine, n: int, rounds: int = 2, top: int = 12) -> None:
+    """Self CPU time per op over `rounds` rounds of `n` toyworld sessions, batched vs one at a time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    streams = toyworld_streams(engine, n)
+    batcher = engine.batcher()
+    batched(batcher, streams)  # warm
+    totals = {}
+    for mode, run in (
+        ("batched", lambda: batched(batcher, streams)),
+        ("one-at-a-time", lambda: one_at_a_time(streams)),
+    ):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(rounds):
+                run()
+        totals[mode] = {e.key: e.self_cpu_time_total / 1e3 / rounds for e in prof.key_averages()}
+    both, alone = totals["batched"], totals["one-at-a-time"]
+    print(f"\ntoyworld, {n} sessions, self CPU ms per round ({torch.get_num_threads()} thread(s), torch.profiler)")
+    print(f"{'op':<52} {'1-at-a-time':>12} {'batched':>9} {'ratio':>6}")
+    for key in sorted(set(both) | set(alone), key=lambda k: -alone.get(k, 0.0))[:top]:
+        a, b = alone.get(key, 0.0), both.get(key, 0.0)
+        print(f"{key:<52} {a:>12.1f} {b:>9.1f} {a / b if b else float('inf'):>5.2f}x")
+    print(f"{'all ops':<52} {sum(alone.values()):>12.1f} {sum(both.values()):>9.1f} "
+          f"{sum(alone.values()) / sum(both.values()):>5.2f}x")  # fmt: skip
+
+
 def main() -> None:
     args = parse_args()
     if args.threads:
@@ -207,6 +241,9 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     result: dict[str, object] = {"threads": torch.get_num_threads(), "rows": rows}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    if args.profile:
+        profile_ops(Engine.load("toyworld", kv_pages=1024), args.profile)
+        return
     if args.model in ("toyworld", "both"):
         engine = Engine.load("toyworld", kv_pages=1024)
 

@@ -29,34 +29,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from inferix.spec.capacity import Resolution, StreamCapacity
 from kvcache_svc.errors import NoCapacityError, NotFoundError
 
 # Slack of the stream-load comparison, so that e.g. six sessions of cost 1/6 fill a worker exactly.
 LOAD_EPSILON = 1e-9
-
-
-@dataclass(frozen=True, order=True)
-class Resolution:
-    width: int
-    height: int
-
-    @property
-    def pixels(self) -> int:
-        return self.width * self.height
-
-    def __str__(self) -> str:
-        return f"{self.width}x{self.height}"
-
-
-@dataclass(frozen=True)
-class StreamCapacity:
-    """How many real-time streams of one resolution a worker holds (the StreamCapacity message)."""
-
-    resolution: Resolution
-    streams: int  # sessions at once with every block inside the budget (0: not even one)
-    block_ms: float = 0.0  # block latency at `streams` sessions (at 1 when streams is 0)
-    budget_ms: float = 0.0  # real-time budget of a block: its frames / fps
-    measured_up_to: int = 0  # largest batch size measured; beyond it latencies are extrapolated
 
 
 @dataclass(frozen=True)

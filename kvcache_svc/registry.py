@@ -20,12 +20,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from inferix.spec.capacity import Resolution, StreamCapacity
 from inferix.store import Store, StoreConflictError
 from kvcache_svc.errors import InvalidRequestError, NotFoundError, PreconditionError
 from kvcache_svc.placement import (
     PlacementRequest,
-    Resolution,
-    StreamCapacity,
     WorkerLoad,
     choose_worker,
     eligible,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -18,6 +18,7 @@ import grpc
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
 from inferix.server import Registration
 from inferix.spec.blocks import CommittedBlock
+from inferix.spec.capacity import Resolution, StreamCapacity
 from inferix.store import Store, StoreConflictError, StoreError, StoreUnavailableError
 from kvcache_svc import metrics
 from kvcache_svc.blocks import BlockStore
@@ -30,7 +31,6 @@ from kvcache_svc.errors import (
     PreconditionError,
 )
 from kvcache_svc.offload import SessionReport, Watermarks, plan_offload
-from kvcache_svc.placement import Resolution, StreamCapacity
 from kvcache_svc.registry import KVReport, Registry, WorkerRecord, require_id
 
 log = logging.getLogger("kvcache_svc")
@@ -111,26 +111,6 @@ def _report(kv: common_pb2.KVUsage) -> KVReport:
     return KVReport(kv.total_pages, kv.used_pages, kv.page_bytes, kv.host_pages_used, kv.sessions)
 
 
-def _resolution(resolution: common_pb2.Resolution) -> Resolution:
-    return Resolution(resolution.width, resolution.height)
-
-
-def _capacity(entries: Iterable[kvcache_pb2.StreamCapacity]) -> list[StreamCapacity]:
-    return [
-        StreamCapacity(_resolution(c.resolution), c.streams, c.block_ms, c.budget_ms, c.measured_up_to) for c in entries
-    ]
-
-
-def _capacity_proto(entry: StreamCapacity) -> kvcache_pb2.StreamCapacity:
-    return kvcache_pb2.StreamCapacity(
-        resolution=common_pb2.Resolution(width=entry.resolution.width, height=entry.resolution.height),
-        streams=entry.streams,
-        block_ms=entry.block_ms,
-        budget_ms=entry.budget_ms,
-        measured_up_to=entry.measured_up_to,
-    )
-
-
 def _describe_capacity(capacity: list[StreamCapacity]) -> str:
     if not capacity:
         return "real-time capacity not measured"
@@ -154,7 +134,7 @@ def _worker_info(record: WorkerRecord, alive: bool) -> kvcache_pb2.WorkerInfo:
         alive=alive,
         suspect=record.suspect,
         departed=record.departed,
-        capacity=[_capacity_proto(c) for c in record.capacity],
+        capacity=[c.to_proto() for c in record.capacity],
         stream_load=record.stream_load,
     )
 
@@ -175,7 +155,11 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
         self, request: kvcache_pb2.RegisterWorkerRequest, context: Any
     ) -> kvcache_pb2.RegisterWorkerResponse:
         record = await self.registry.register(
-            request.worker_id, request.address, request.model, _report(request.kv), _capacity(request.capacity)
+            request.worker_id,
+            request.address,
+            request.model,
+            _report(request.kv),
+            [StreamCapacity.from_proto(c) for c in request.capacity],
         )
         log.info(
             "worker %s registered: %s, model %s, %d pages, %s", record.worker_id, record.address, record.model,
@@ -209,7 +193,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
             request.sequence,
             _report(request.kv),
             request.session_ids,
-            _capacity(request.capacity),
+            [StreamCapacity.from_proto(c) for c in request.capacity],
         )
         reports = [SessionReport(r.session_id, r.device_pages, r.last_block_unix) for r in request.session_reports]
         flags = await self.store.get_many([_paused_key(r.session_id) for r in reports])
@@ -239,7 +223,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
 
     @_with_statuses
     async def Admit(self, request: kvcache_pb2.AdmitRequest, context: Any) -> kvcache_pb2.AdmitResponse:
-        resolution = _resolution(request.resolution) if request.HasField("resolution") else None
+        resolution = Resolution.from_proto(request.resolution) if request.HasField("resolution") else None
         try:
             record = await self.registry.admit(
                 request.session_id, request.model, request.pages, request.exclude_workers, resolution

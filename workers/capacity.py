@@ -14,22 +14,11 @@ proportion to N), which errs on the safe side. An operator may pin the streams i
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+
+from inferix.spec.capacity import Resolution, StreamCapacity
 
 MAX_STREAMS = 256  # no worker claims more streams of one resolution than this
 EMA_WEIGHT = 0.3  # weight of a new latency sample in the moving average of its batch size
-
-
-@dataclass(frozen=True)
-class StreamCapacity:
-    """Real-time capacity at one resolution: `streams` sessions, each block in `block_s` <= `budget_s`."""
-
-    width: int
-    height: int
-    streams: int
-    block_s: float  # latency at `streams` sessions (at 1 session when streams is 0)
-    budget_s: float
-    measured_up_to: int
 
 
 class CapacityMeter:
@@ -66,37 +55,41 @@ class CapacityMeter:
             return [self._capacity(key) for key in sorted(self._latency)]
 
     def _capacity(self, key: tuple[int, int]) -> StreamCapacity:
-        samples = self._latency[key]
+        latency = _LatencyCurve(self._latency[key])
         budget = self._budget[key]
-        streams = self.pinned_streams or self._realtime_streams(samples, budget)
+        streams = self.pinned_streams
+        if not streams:
+            while streams < MAX_STREAMS and latency(streams + 1) <= budget:
+                streams += 1
         return StreamCapacity(
-            width=key[0],
-            height=key[1],
+            resolution=Resolution(*key),
             streams=streams,
-            block_s=self._latency_at(samples, max(streams, 1)),
-            budget_s=budget,
-            measured_up_to=max(samples),
+            block_ms=1e3 * latency(max(streams, 1)),
+            budget_ms=1e3 * budget,
+            measured_up_to=max(latency.samples),
         )
 
-    @classmethod
-    def _realtime_streams(cls, samples: dict[int, float], budget: float) -> int:
-        streams = 0
-        while streams < MAX_STREAMS and cls._latency_at(samples, streams + 1) <= budget:
-            streams += 1
-        return streams
 
-    @staticmethod
-    def _latency_at(samples: dict[int, float], n: int) -> float:
-        """Measured L(n), or the fitted line's value (never below the largest measured size's)."""
-        if n in samples:
-            return samples[n]
-        sizes = sorted(samples)
-        if len(sizes) == 1:
-            only = sizes[0]
-            return samples[only] * max(n, only) / only
-        mean_n = sum(sizes) / len(sizes)
-        mean_l = sum(samples[s] for s in sizes) / len(sizes)
-        slope = sum((s - mean_n) * (samples[s] - mean_l) for s in sizes) / sum((s - mean_n) ** 2 for s in sizes)
-        fitted = mean_l + max(slope, 0.0) * (n - mean_n)
-        below = [s for s in sizes if s < n]
-        return max(fitted, samples[below[-1]]) if below else fitted
+class _LatencyCurve:
+    """Block latency L(n) at n sessions: measured where it was, else the line fitted through the
+    measured sizes (never below the largest smaller size's), or with one size L(n0) * n / n0."""
+
+    def __init__(self, samples: dict[int, float]) -> None:
+        self.samples = dict(samples)
+        self.sizes = sorted(samples)
+        if len(self.sizes) > 1:
+            self.mean_n = sum(self.sizes) / len(self.sizes)
+            self.mean_l = sum(samples.values()) / len(self.sizes)
+            spread = sum((s - self.mean_n) ** 2 for s in self.sizes)
+            slope = sum((s - self.mean_n) * (samples[s] - self.mean_l) for s in self.sizes) / spread
+            self.slope = max(slope, 0.0)
+
+    def __call__(self, n: int) -> float:
+        if n in self.samples:
+            return self.samples[n]
+        if len(self.sizes) == 1:
+            only = self.sizes[0]
+            return self.samples[only] * max(n, only) / only
+        fitted = self.mean_l + self.slope * (n - self.mean_n)
+        below = [s for s in self.sizes if s < n]
+        return max(fitted, self.samples[below[-1]]) if below else fitted

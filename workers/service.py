@@ -322,9 +322,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         while 0 < n <= limit and await self._probe(n):
             n = limit + 1 if n == limit else min(2 * n, limit)
         for c in self.capacity.capacities():
-            log.info("capacity: %d real-time streams at %dx%d (block %.0f ms of a %.0f ms budget; probed in %.1fs)",
-                     c.streams, c.width, c.height, 1e3 * c.block_s, 1e3 * c.budget_s,
-                     time.perf_counter() - began)  # fmt: skip
+            log.info("capacity: %d real-time streams at %s (block %.0f ms of a %.0f ms budget; probed in %.1fs)",
+                     c.streams, c.resolution, c.block_ms, c.budget_ms, time.perf_counter() - began)  # fmt: skip
         self.report_capacity_metrics()
 
     async def _probe(self, n: int) -> bool:
@@ -349,20 +348,11 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         return measured is not None and measured.streams >= n
 
     def capacity_report(self) -> list[kvcache_pb2.StreamCapacity]:
-        return [
-            kvcache_pb2.StreamCapacity(
-                resolution=common_pb2.Resolution(width=c.width, height=c.height),
-                streams=c.streams,
-                block_ms=1e3 * c.block_s,
-                budget_ms=1e3 * c.budget_s,
-                measured_up_to=c.measured_up_to,
-            )
-            for c in self.capacity.capacities()
-        ]
+        return [c.to_proto() for c in self.capacity.capacities()]
 
     def report_capacity_metrics(self) -> None:
         for c in self.capacity.capacities():
-            metrics.REALTIME_STREAMS.labels(resolution=f"{c.width}x{c.height}").set(c.streams)
+            metrics.REALTIME_STREAMS.labels(resolution=str(c.resolution)).set(c.streams)
 
     async def PrefetchSession(
         self, request: worker_pb2.PrefetchSessionRequest, context: Any

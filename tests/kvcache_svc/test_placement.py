@@ -6,11 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inferix.spec.capacity import Resolution, StreamCapacity
 from kvcache_svc.errors import NoCapacityError, NotFoundError
 from kvcache_svc.placement import (
     PlacementRequest,
-    Resolution,
-    StreamCapacity,
     WorkerLoad,
     choose_worker,
     fits,

@@ -10,10 +10,10 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from inferix.spec.blocks import CommittedBlock
+from inferix.spec.capacity import Resolution, StreamCapacity
 from inferix.store import Store, open_store
 from kvcache_svc.blocks import BlockStore
 from kvcache_svc.errors import AlreadyCommittedError, InvalidRequestError, NoCapacityError
-from kvcache_svc.placement import Resolution, StreamCapacity
 from kvcache_svc.registry import WORKERS_PREFIX, KVReport, Registry, WorkerRecord
 
 R64, R128 = Resolution(64, 64), Resolution(128, 128)

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from inferix.spec.capacity import Resolution
 from workers.capacity import MAX_STREAMS, CapacityMeter
 from workers.engine.model_dir import load_model
 from workers.service import WorkerConfig, WorkerService
@@ -20,8 +21,8 @@ def test_streams_are_the_largest_batch_whose_blocks_fit_the_budget() -> None:
         meter.record(64, 64, batch, latency, FRAMES)
     (cap,) = meter.capacities()
     # 4 -> 150 ms fits, the line through the points gives 5 -> 180 ms, 6 -> 210 ms > 187.5 ms
-    assert (cap.width, cap.height, cap.streams, cap.measured_up_to) == (64, 64, 5, 8)
-    assert cap.budget_s == pytest.approx(FRAMES / FPS) and cap.block_s == pytest.approx(0.180)
+    assert (cap.resolution, cap.streams, cap.measured_up_to) == (Resolution(64, 64), 5, 8)
+    assert cap.budget_ms == pytest.approx(1e3 * FRAMES / FPS) and cap.block_ms == pytest.approx(180)
 
 
 def test_one_measured_size_assumes_no_further_batching_gain() -> None:
@@ -35,7 +36,7 @@ def test_a_worker_slower_than_real_time_holds_no_stream_and_says_how_slow() -> N
     meter = CapacityMeter(FPS)
     meter.record(128, 128, 1, 1.0, 12)  # budget 750 ms
     cap = meter.at(128, 128)
-    assert cap is not None and cap.streams == 0 and cap.block_s == pytest.approx(1.0)
+    assert cap is not None and cap.streams == 0 and cap.block_ms == pytest.approx(1000)
 
 
 def test_measurements_are_averaged_per_resolution_and_batch_size() -> None:
@@ -44,8 +45,8 @@ def test_measurements_are_averaged_per_resolution_and_batch_size() -> None:
     meter.record(64, 64, 1, 0.200, FRAMES)
     meter.record(32, 32, 1, 0.010, FRAMES)
     small, large = meter.capacities()
-    assert (small.width, large.width) == (32, 64)
-    assert large.block_s == pytest.approx(0.7 * 0.100 + 0.3 * 0.200)
+    assert (small.resolution.width, large.resolution.width) == (32, 64)
+    assert large.block_ms == pytest.approx(1e3 * (0.7 * 0.100 + 0.3 * 0.200))
     assert small.streams == 18  # 10 ms alone, and no gain assumed: 18 x 10 ms <= 187.5 ms
 
 
@@ -60,7 +61,7 @@ def test_a_pinned_capacity_overrides_the_measured_streams_only() -> None:
     meter = CapacityMeter(FPS, pinned_streams=6)
     meter.record(64, 64, 1, 0.150, FRAMES)
     cap = meter.at(64, 64)
-    assert cap is not None and cap.streams == 6 and cap.block_s == pytest.approx(0.150 * 6)
+    assert cap is not None and cap.streams == 6 and cap.block_ms == pytest.approx(150 * 6)
     with pytest.raises(ValueError, match="pinned_streams"):
         CapacityMeter(FPS, pinned_streams=-1)
 

@@ -64,7 +64,6 @@ class BatchJob(Generic[T]):
     end (`seconds`), in `forwards` forwards of `mean_batch` sessions on average."""
 
     job: DiTJob[T]
-    order: int
     call: DiTCall | None = None
     done: bool = False
     result: T | None = None
@@ -110,15 +109,13 @@ class BlockBatcher:
         self.on_forward = on_forward
         self._lock = threading.Lock()  # add() may come from another thread than step()
         self._arriving: list[BatchJob[object]] = []
-        self._running: list[BatchJob[object]] = []
-        self._order = 0
+        self._running: list[BatchJob[object]] = []  # oldest first: the order the packing follows
         self._invariant: dict[tuple[int, torch.dtype], bool] = {}
 
     def add(self, job: DiTJob[T]) -> BatchJob[T]:
         """Queue a job; it starts at the next step."""
         with self._lock:
-            entry: BatchJob[T] = BatchJob(job, self._order)
-            self._order += 1
+            entry: BatchJob[T] = BatchJob(job)
             self._arriving.append(entry)  # type: ignore[arg-type]
         return entry
 
@@ -165,7 +162,7 @@ class BlockBatcher:
     def _forwards(self) -> list[list[BatchJob[object]]]:
         """The running jobs split into forwards: by latent size and device, then by `max_tokens`."""
         groups: dict[tuple[object, ...], list[BatchJob[object]]] = {}
-        for entry in sorted(self._running, key=lambda e: e.order):
+        for entry in self._running:
             assert entry.call is not None
             x = entry.call.x
             groups.setdefault((tuple(x.shape[3:]), x.dtype, x.device), []).append(entry)

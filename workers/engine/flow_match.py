@@ -21,9 +21,9 @@ class FlowMatchSchedule:
         base = torch.linspace(cfg.sigma_max, cfg.sigma_min, cfg.num_train_timesteps + 1)[:-1]
         self.sigmas = cfg.shift * base / (1 + (cfg.shift - 1) * base)
         self.timesteps = self.sigmas * cfg.num_train_timesteps
-        # sigma per (timestep values, dtype, device): a block's few timesteps recur in every block
+        # sigma per (timestep values, dtype) on a CPU: a block's few timesteps recur in every block
         # of every session, and the nearest-grid search costs more than the step's arithmetic.
-        self._sigma_cache: dict[tuple[tuple[float, ...], torch.dtype, torch.device], Tensor] = {}
+        self._sigma_cache: dict[tuple[tuple[float, ...], torch.dtype], Tensor] = {}
 
     def _nearest(self, t: Tensor, dtype: torch.dtype) -> Tensor:
         grid = self.timesteps.to(device=t.device, dtype=dtype)
@@ -31,12 +31,13 @@ class FlowMatchSchedule:
 
     def sigma(self, t: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """sigma of the grid point nearest to each timestep in t (flattened)."""
-        key = (tuple(t.flatten().tolist()), dtype, t.device)
+        if t.device.type != "cpu":  # a cache key would wait for the device
+            return self.sigmas.to(device=t.device, dtype=dtype)[self._nearest(t, dtype)]
+        key = (tuple(t.flatten().tolist()), dtype)
         if key not in self._sigma_cache:
             if len(self._sigma_cache) >= 256:
                 self._sigma_cache.clear()
-            idx = self._nearest(t, dtype)
-            self._sigma_cache[key] = self.sigmas.to(device=t.device, dtype=dtype)[idx]
+            self._sigma_cache[key] = self.sigmas.to(dtype=dtype)[self._nearest(t, dtype)]
         return self._sigma_cache[key]
 
     def x0_from_flow(self, x_t: Tensor, flow: Tensor, t: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ modulation and norms in float32, and x0 is recovered from the flow prediction by
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -59,6 +60,25 @@ class DiTCall:
     kind: str = "denoise_step"
 
 
+def _attend_groups(
+    queries: Sequence[Tensor],
+    groups: Iterable[list[int]],
+    attend: Callable[[list[int], Tensor], Tensor],
+    out: list[Tensor],
+) -> None:
+    """One attention call per group of sessions over their stacked queries [n, rows, H, D]; each
+    session's result (a batch of one) goes to `out[i]`."""
+    for members in groups:
+        result = attend(members, torch.cat([queries[i] for i in members]))
+        for j, i in enumerate(members):
+            out[i] = result[j : j + 1]
+
+
+def _join(parts: list[Tensor], dim: int = 0) -> Tensor:
+    """torch.cat, without the copy when there is one part (a forward of one call)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
 class PackedSelfAttention:
     """The self-attention cache of a batched forward: each session's rows attend to its own cache.
 
@@ -92,12 +112,12 @@ class PackedSelfAttention:
                 groups.setdefault((k_pages.data_ptr(), qi.shape[1], ids.numel()), []).append(i)
             else:  # a long cache: read in place (a view of consecutive pages), not gathered
                 out[i] = cache.attend(layer, qi, ki, vi, backend)
-        for members in groups.values():
+
+        def attend(members: list[int], stacked: Tensor) -> Tensor:
             k_pages, v_pages, _ = tables[members[0]]
-            queries = torch.cat([parts[i][1] for i in members])
-            result = backend.paged_batch(queries, k_pages, v_pages, [tables[i][2] for i in members])
-            for j, i in enumerate(members):
-                out[i] = result[j : j + 1]
+            return backend.paged_batch(stacked, k_pages, v_pages, [tables[i][2] for i in members])
+
+        _attend_groups([qi for _, qi, _, _ in parts], groups.values(), attend, out)
         return torch.cat(out, dim=1)
 
 
@@ -212,14 +232,12 @@ class CrossAttention(_Attention):
         for i, (qi, (k, _)) in enumerate(zip(queries, prompts, strict=True)):
             groups.setdefault((qi.shape[1], k.shape[1]), []).append(i)
         out: list[Tensor] = list(queries)
-        for members in groups.values():
-            result = backend.dense(
-                torch.cat([queries[i] for i in members]),
-                torch.cat([prompts[i][0] for i in members]),
-                torch.cat([prompts[i][1] for i in members]),
-            )
-            for j, i in enumerate(members):
-                out[i] = result[j : j + 1]
+
+        def attend(members: list[int], stacked: Tensor) -> Tensor:
+            keys = torch.cat([prompts[i][0] for i in members])
+            return backend.dense(stacked, keys, torch.cat([prompts[i][1] for i in members]))
+
+        _attend_groups(queries, groups.values(), attend, out)
         return self.o(torch.cat(out, 1).flatten(2))
 
 
@@ -379,17 +397,17 @@ class CausalWanDiT(nn.Module):
         cfg = self.config
         b = calls[0].x.shape[0]
 
-        tokens = torch.cat(
+        tokens = _join(
             [self.patch_embedding(c.x.transpose(1, 2).to(weight_dtype)).flatten(2).transpose(1, 2) for c in calls], 1
         )
         frames = sum(grid[0] for grid in grids)
         # Per call: a few rows each, and BLAS gives small row counts their own kernels (see batching).
         embeddings = [self._time_embedding(c.timesteps, weight_dtype) for c in calls]
-        e = torch.cat([e for e, _ in embeddings])
-        e0 = torch.cat([e0 for _, e0 in embeddings])
+        e = _join([e for e, _ in embeddings])
+        e0 = _join([e0 for _, e0 in embeddings])
         e0 = e0.float().unflatten(1, (6, cfg.dim)).unflatten(0, (b, frames))
         e_head = e.float().unflatten(0, (b, frames)).unsqueeze(2)
-        rotations = torch.cat(
+        rotations = _join(
             [
                 self.rope.rotations(c.start_frame - c.position_offset, *grid, device=tokens.device)
                 for c, grid in zip(calls, grids, strict=True)
@@ -415,23 +433,30 @@ class CausalWanDiT(nn.Module):
         out = self.head(tokens, e_head)
         if self.parallel is not None:
             out = self.parallel.gather(out, grids[0][0])
-        return [self._unpatchify(part, grid).float() for part, grid in zip(out.split(rows, 1), grids, strict=True)]
+        parts = out.split(rows, 1) if len(calls) > 1 else [out]
+        return [self._unpatchify(part, grid).float() for part, grid in zip(parts, grids, strict=True)]
 
     def _time_embedding(self, timesteps: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Per-frame time embedding [B*F, dim] and its 6-way projection [B*F, 6*dim].
 
-        Kept per timestep values: a block's few timesteps recur in every block of every session. The
-        key holds the weights' version counters, so loading new weights computes them anew.
+        On a CPU, kept per timestep values: a block's few timesteps recur in every block of every
+        session, and there the small matmuls' fixed costs count. The key holds the weights' version
+        counters, so loading new weights computes them anew. Not on a GPU (the key would wait for the
+        device) nor with gradients (a training step builds its own graph).
         """
+        if timesteps.device.type != "cpu" or torch.is_grad_enabled():
+            return self._embed_time(timesteps, dtype)
         weights = (*self.time_embedding.parameters(), *self.time_projection.parameters())
-        key = (tuple(timesteps.flatten().tolist()), dtype, timesteps.device, tuple(w._version for w in weights))
-        cached = self._time_cache.get(key)
-        if cached is None or torch.is_grad_enabled():  # a training step builds its own graph
+        key = (tuple(timesteps.flatten().tolist()), dtype, tuple(w._version for w in weights))
+        if key not in self._time_cache:
             if len(self._time_cache) >= 256:
                 self._time_cache.clear()
-            e = self.time_embedding(sinusoidal_embedding(self.config.freq_dim, timesteps.flatten()).to(dtype))
-            cached = self._time_cache[key] = (e, self.time_projection(e))
-        return cached
+            self._time_cache[key] = self._embed_time(timesteps, dtype)
+        return self._time_cache[key]
+
+    def _embed_time(self, timesteps: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        e = self.time_embedding(sinusoidal_embedding(self.config.freq_dim, timesteps.flatten()).to(dtype))
+        return e, self.time_projection(e)
 
     def _grid(self, call: DiTCall) -> tuple[int, int, int]:
         """The call's token grid (frames, h, w) after patching; validates its shapes."""
