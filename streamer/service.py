@@ -9,6 +9,7 @@ each session (pacing, RTMP, WebRTC) is in the `LiveRegistry`, shared with the HT
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -69,6 +70,23 @@ def _reason(error: StreamerError) -> str:
     return "finished" if isinstance(error, SessionFinished) else "encoder_failed"
 
 
+REFUSED_READ_OUT_MESSAGES = 256  # a worker pushes one block (a few frames) per call
+REFUSED_READ_OUT_S = 5.0
+
+
+async def _read_out(requests: AsyncIterator[streamer_pb2.PushFramesRequest]) -> None:
+    """Discard what the sender still writes before refusing its call. A status that arrives while an
+    aio sender's write is in flight reaches it as INTERNAL "Failed execute_batch" instead of the refusal
+    (a worker would miss OUT_OF_RANGE, its cue to re-send from frame 0). Bounded, for a sender that never stops."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(REFUSED_READ_OUT_S):
+            read = 0
+            async for _ in requests:
+                read += 1
+                if read >= REFUSED_READ_OUT_MESSAGES:
+                    return
+
+
 async def _abort(context: grpc.aio.ServicerContext, error: StreamerError, suffix: str = "") -> NoReturn:
     await context.abort(_STATUS[type(error)], f"{error}{suffix}")
     raise AssertionError("context.abort returns only by raising")
@@ -123,6 +141,7 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             except StreamerError as error:
                 FRAMES_REJECTED.labels(_reason(error)).inc()
                 suffix = f" [this call accepted {accepted} and skipped {duplicates} frames before it; they are kept]"
+                await _read_out(request_iterator)
                 await _abort(context, error, suffix)
             if admission is Admission.NEW:
                 accepted += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import urllib.request
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
 from inferix.mesh.launch import ServiceProcess
+from inferix.server import channel as aio_channel
 from inferix.telemetry import BLOCK_INDEX_ATTR
 from tests.otlp import SpanCollector
 from tests.streamer.conftest import start_streamer
@@ -267,3 +269,27 @@ def test_help_lists_the_streamer_options() -> None:
         "--underrun-policy",
     ):
         assert option in result.stdout, option
+
+
+def test_a_refused_push_reaches_an_aio_sender_as_its_refusal_even_mid_stream(streamer: ServiceProcess) -> None:
+    """A worker (grpc.aio) pushes a block of large frames to a streamer that lost the session. The
+    streamer refuses at the first frame; the sender must read OUT_OF_RANGE (its cue to re-send from
+    frame 0), never the INTERNAL "Failed execute_batch" that a status sent while it still writes gives."""
+    # Blocks larger than the HTTP/2 window, so the sender is mid-write when the refusal comes; the
+    # INTERNAL it got before the fix showed up under CPU load (one in a few dozen pushes).
+    video = Video("lost", 512, 512, 16.0, (16, 16))
+    pushes_made = 16
+
+    async def pushes() -> list[grpc.StatusCode]:
+        codes = []
+        async with aio_channel(streamer.address) as chan:
+            aio_stub = streamer_pb2_grpc.StreamerServiceStub(chan)
+            for _ in range(pushes_made):
+                try:
+                    await aio_stub.PushFrames(video.block(1), timeout=30)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.aio.AioRpcError as exc:
+                    codes.append(exc.code())
+        return codes
+
+    assert asyncio.run(pushes()) == [grpc.StatusCode.OUT_OF_RANGE] * pushes_made
