@@ -1,0 +1,147 @@
+"""MAGI-1's sampling settings: the reference's `runtime_config` + `engine_config`, as data.
+
+Field names follow the reference's config JSON (`example/4.5B/4.5B_distill_config.json`), so a user
+moving from the MAGI-1 repository reads the same numbers; `from_reference` takes that JSON's dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import Any
+
+from inferix.errors import UserError
+from inferix.spec.presets import VideoDefaults, merge_sections, read_yaml
+
+__all__ = ["MagiFiles", "MagiPreset", "MagiSampling", "is_magi_preset", "load_magi_preset", "magi_presets"]
+
+
+@dataclass(frozen=True)
+class MagiSampling:
+    """How a MAGI-1 video is sampled: chunks, the staggered window, steps, KV ranges and guidance."""
+
+    chunk_width: int = 6  # latent frames per chunk (24 video frames)
+    window_size: int = 4  # chunks denoised together at staggered noise levels
+    num_steps: int = 64
+    noise2clean_kvrange: tuple[int, ...] = (5, 4, 3, 2)
+    clean_chunk_kvrange: int = 1
+    clean_t: float = 0.9999
+    cfg_number: int = 1  # 1: distilled single pass; 3: base model's three-pass guidance
+    distill: bool = True
+    cfg_t_range: tuple[float, ...] = (0.0, 0.0217, 0.1, 0.3, 0.999)
+    prev_chunk_scales: tuple[float, ...] = (1.5, 1.5, 1.5, 1.0, 1.0)
+    text_scales: tuple[float, ...] = (7.5, 7.5, 7.5, 0.0, 0.0)
+    distill_nearly_clean_chunk_threshold: float = 0.3
+    prev_chunks_scale: float = 0.7  # the reference's env `prev_chunks_scale`
+    fps: int = 24
+    scale_factor: float = 0.18215
+    temporal_downsample_factor: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("noise2clean_kvrange", "cfg_t_range", "prev_chunk_scales", "text_scales"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.cfg_number not in (1, 3):
+            raise UserError(f"cfg_number must be 1 (distilled) or 3 (base model guidance), got {self.cfg_number}")
+        if self.cfg_number == 1 and not self.distill:
+            raise UserError("cfg_number 1 runs the distilled model: set distill: true, or cfg_number: 3")
+        if not len(self.cfg_t_range) == len(self.prev_chunk_scales) == len(self.text_scales):
+            raise UserError("cfg_t_range, prev_chunk_scales and text_scales must have the same length")
+        if self.num_steps % self.window_size:
+            raise UserError(
+                f"num_steps {self.num_steps} must be a multiple of window_size {self.window_size}: "
+                "each stage runs num_steps / window_size steps"
+            )
+
+    @classmethod
+    def from_reference(cls, config: Mapping[str, Any]) -> MagiSampling:
+        """From a reference config JSON (its runtime_config and engine_config sections are merged)."""
+        merged = {**config.get("runtime_config", {}), **config.get("engine_config", {})}
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in merged.items() if k in known})
+
+
+@dataclass(frozen=True)
+class MagiFiles:
+    """Paths of a MAGI-1 model folder's files, relative to it (the released layout's names)."""
+
+    dit: tuple[str, ...] = ("inference_weight.distill", "inference_weight")  # first that exists
+    t5: str = "t5"
+    vae: str = "vae"
+    special_tokens: str = "special_tokens.npz"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dit", (self.dit,) if isinstance(self.dit, str) else tuple(self.dit))
+
+
+@dataclass(frozen=True)
+class MagiPreset:
+    """One released MAGI-1 variant: the DiT's `model_config` (reference names), sampling, video, files."""
+
+    name: str
+    description: str
+    model_config: Mapping[str, Any]
+    sampling: MagiSampling
+    video: VideoDefaults
+    files: MagiFiles
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str) -> MagiPreset:
+        unknown = set(data) - {"name", "description", "model_config", "sampling", "video", "files"}
+        if unknown:
+            raise UserError(f"{origin}: unknown section(s) {', '.join(sorted(unknown))}")
+        try:
+            return cls(
+                name=str(data["name"]),
+                description=str(data.get("description", "")),
+                model_config=dict(data["model_config"]),
+                sampling=MagiSampling(**data.get("sampling", {})),
+                video=VideoDefaults(**data.get("video", {"fps": 24, "height": 720, "width": 720})),
+                files=MagiFiles(**data.get("files", {})),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{origin}: {exc}") from exc
+
+    @classmethod
+    def from_reference(cls, config: Mapping[str, Any], name: str, origin: str) -> MagiPreset:
+        """From a reference run config JSON (model_config / runtime_config / engine_config)."""
+        runtime = config.get("runtime_config", {})
+        video = VideoDefaults(
+            fps=int(runtime.get("fps", 24)),
+            height=int(runtime.get("video_size_h", 720)),
+            width=int(runtime.get("video_size_w", 720)),
+        )
+        if "model_config" not in config:
+            raise UserError(f"{origin}: not a MAGI-1 run config (no model_config section)")
+        distill = bool(config.get("engine_config", {}).get("distill", True))
+        dit = ("inference_weight.distill", "inference_weight") if distill else ("inference_weight",)
+        return cls(name, f"MAGI-1 from {origin}", dict(config["model_config"]), MagiSampling.from_reference(config),
+                   video, MagiFiles(dit=dit))  # fmt: skip
+
+
+def magi_presets() -> list[str]:
+    """Names of the MAGI-1 presets shipped with the engine."""
+    return sorted(_magi_preset_files())
+
+
+def _magi_preset_files() -> dict[str, Traversable]:
+    folder = resources.files("inferix.spec").joinpath("presets", "magi1")
+    return {entry.name.removesuffix(".yaml"): entry for entry in folder.iterdir() if entry.name.endswith(".yaml")}
+
+
+def load_magi_preset(name: str, overrides: Mapping[str, Any] | None = None, where: str | None = None) -> MagiPreset:
+    """The MAGI-1 preset ``name`` with ``overrides`` (same sections) merged in."""
+    files = _magi_preset_files()
+    if name not in files:
+        raise UserError(f"unknown MAGI-1 preset {name!r}; available: {', '.join(sorted(files))}")
+    data = read_yaml(files[name], "preset")
+    origin = f"preset {name!r}"
+    if overrides:
+        data = merge_sections(data, overrides)
+        origin = f"{origin} with the overrides of {where or 'the caller'}"
+    return MagiPreset.from_dict(data, origin)
+
+
+def is_magi_preset(name: str) -> bool:
+    return name in _magi_preset_files()

@@ -1,0 +1,396 @@
+"""MAGI-1's chunk pipeline: a window of chunks denoised at staggered noise levels, one clean chunk out
+per stage (MAGI1_README sections 4-9).
+
+Beside the Self Forcing / CausVid block loop (`pipeline.py`), behind the same idea of a session: each
+`generate_chunk()` runs model calls until the oldest chunk of the window is clean and returns it.
+The first chunk needs `window_size` stages; after that every stage (steps_per_stage calls) emits one.
+
+The KV cache holds only what is ever read: the K/V of *clean* chunks, written by the call in which a
+chunk finished in the previous stage is prepended to the window at `clean_t`. They live in the paged
+pool (pages per latent frame), as a rolling window of the look-back the KV ranges can reach, so a
+session of any length holds a bounded cache. Rows of noisy chunks are never stored: the reference
+writes them too, but always overwrites them before they are read.
+
+Recovery: the only state that is not a function of the clean chunks is the partially denoised
+latents of the chunks in flight. `ChunkOutput.carry` holds them as they are right after the chunk
+is emitted; with the clean latents and carries of the last `lookback` chunks, `replay` re-runs the
+exact calls that wrote their K/V (same inputs, same shapes: same bits) and the session continues
+as if never interrupted, at a cost that does not grow with the video's length.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from inferix.errors import UserError
+from inferix.profiling import profile
+from inferix.spec.magi import MagiSampling
+from workers.engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
+from workers.engine.models.magi.schedule import (
+    ForwardCall,
+    WindowSpec,
+    cfg_scales,
+    distill_dt,
+    magi_timesteps,
+    stage_calls,
+)
+from workers.engine.noise import INITIAL_STEP, draw_seed
+
+__all__ = [
+    "CallRecord",
+    "ChunkDiT",
+    "ChunkOutput",
+    "ChunkPipeline",
+    "ChunkSession",
+    "RecordedChunkNoise",
+    "ReplayChunk",
+    "SeededChunkNoise",
+]
+
+
+class ChunkDiT(Protocol):
+    """What the pipeline needs of the MAGI-1 DiT (`MagiDiT.forward`)."""
+
+    def __call__(
+        self,
+        x: Tensor,
+        t: Tensor,
+        captions: Sequence[Sequence[Tensor]],
+        kv_ranges: Sequence[tuple[int, int]],
+        prefix: Sequence[Tensor] | None,
+        rope_offset_frames: int,
+        caption_dropout: bool,
+        distill_dt: float | None,
+    ) -> tuple[Tensor, list[Tensor]]: ...
+
+
+class ChunkNoise(Protocol):
+    def initial(self, chunk: int, shape: tuple[int, ...]) -> Tensor:
+        """The starting noise of `chunk`, [1, C, cw, h, w]."""
+        ...
+
+
+class SeededChunkNoise:
+    """Noise keyed by (seed, chunk): any chunk's draw is the same on any worker, after any restart."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def initial(self, chunk: int, shape: tuple[int, ...]) -> Tensor:
+        generator = torch.Generator().manual_seed(draw_seed(self.seed, chunk, INITIAL_STEP))
+        return torch.randn(shape, generator=generator, dtype=torch.float32)
+
+
+class RecordedChunkNoise:
+    """Replays one recorded draw [1, C, T, h, w] (the reference's single `randn`), chunk by chunk."""
+
+    def __init__(self, initial_noise: Tensor) -> None:
+        self.initial_noise = initial_noise
+
+    def initial(self, chunk: int, shape: tuple[int, ...]) -> Tensor:
+        width = shape[2]
+        noise = self.initial_noise[:, :, chunk * width : (chunk + 1) * width]
+        if tuple(noise.shape) != tuple(shape):
+            raise ValueError(f"the recorded noise has no chunk {chunk} of shape {list(shape)}")
+        return noise
+
+
+@dataclass
+class ChunkOutput:
+    """One clean chunk: latents [1, C, cw, h, w] and the in-flight latents right after it left the
+    window ([1, C, k*cw, h, w], k chunks, oldest first; what recovery needs besides clean chunks)."""
+
+    index: int
+    latents: Tensor
+    carry: Tensor
+    denoise_s: float
+
+
+@dataclass
+class ReplayChunk:
+    """A committed chunk as recovery replays it."""
+
+    index: int
+    latents: Tensor  # [1, C, cw, h, w]
+    carry: Tensor  # [1, C, k*cw, h, w]
+
+
+@dataclass
+class CallRecord:
+    """What one call computed, for golden checks: its input, each pass's raw output, the velocity."""
+
+    index: int
+    call: ForwardCall
+    x: Tensor
+    pass_outputs: list[Tensor]
+    velocity: Tensor  # [1, C, len(denoising)*cw, h, w]
+
+
+LATENT_CHANNELS = 16  # MAGI-1's VAE latent (the 24B DiT doubles it inside: half_channel_vae)
+CaptionRows = Callable[[int], Tensor]  # chunk -> its valid caption rows [rows, caption_channels]
+
+
+class ChunkPipeline:
+    """The DiT, the schedule and the KV pool shared by a worker's MAGI-1 sessions."""
+
+    def __init__(
+        self,
+        dit: ChunkDiT,
+        sampling: MagiSampling,
+        null_rows: Tensor,
+        kv_layout: tuple[int, int, int],
+        patch: tuple[int, int],
+        pool: KVPool | None = None,
+    ) -> None:
+        """`null_rows`: the valid rows of the null caption; `kv_layout`: (layers, kv groups, head dim);
+        `patch`: the DiT's spatial patch (h, w)."""
+        self.dit = dit
+        self.sampling = sampling
+        self.null_rows = null_rows
+        self.kv_layout = kv_layout
+        self.patch = patch
+        self.pool = pool
+        self.timesteps = magi_timesteps(sampling.num_steps)
+        self.latent_channels = LATENT_CHANNELS
+
+    def window(self, num_chunks: int | None) -> WindowSpec:
+        s = self.sampling
+        return WindowSpec(
+            s.chunk_width, s.window_size, s.num_steps, s.noise2clean_kvrange, s.clean_chunk_kvrange, num_chunks
+        )
+
+    def tokens_per_frame(self, height: int, width: int) -> int:
+        ph, pw = self.patch
+        if height % ph or width % pw or height // ph < 2 or width // pw < 2:
+            raise UserError(
+                f"latent size {height}x{width} must be multiples of the patch {ph}x{pw} with at least 2 patches "
+                "per side (MAGI-1's RoPE needs 2); pick a larger resolution"
+            )
+        return (height // ph) * (width // pw)
+
+    def pool_spec(self, height: int, width: int, num_pages: int, device: str = "cpu") -> KVPoolSpec:
+        """A pool of `num_pages` pages of one latent frame at this latent size."""
+        layers, groups, head_dim = self.kv_layout
+        page = self.tokens_per_frame(height, width)
+        return KVPoolSpec(layers, groups, head_dim, page, num_pages, device=device)
+
+    def open_session(
+        self,
+        height: int,
+        width: int,
+        captions: CaptionRows,
+        noise: ChunkNoise,
+        num_chunks: int | None,
+        session_id: str,
+        keep_all_kv: bool = False,
+    ) -> ChunkSession:
+        spec = self.window(num_chunks)
+        frames = None if keep_all_kv else max(1, spec.lookback_chunks) * spec.chunk_width
+        pool = self.pool
+        if pool is None:  # a pool of its own, sized for the rolling look-back (or a whole finite video)
+            chunks = (num_chunks or spec.lookback_chunks) if keep_all_kv else spec.lookback_chunks + 1
+            pool = KVPool(self.pool_spec(height, width, max(1, chunks) * spec.chunk_width))
+        cache = pool.open_session(session_id, self.tokens_per_frame(height, width), window_frames=frames)
+        return ChunkSession(self, spec, height, width, captions, noise, cache, session_id)
+
+
+class ChunkSession:
+    """The chunk loop of one video."""
+
+    def __init__(
+        self,
+        pipeline: ChunkPipeline,
+        spec: WindowSpec,
+        height: int,
+        width: int,
+        captions: CaptionRows,
+        noise: ChunkNoise,
+        cache: PagedSessionCache,
+        session_id: str,
+    ) -> None:
+        self.pipeline = pipeline
+        self.spec = spec
+        self.height, self.width = height, width
+        self.captions = captions
+        self.noise = noise
+        self.cache = cache
+        self.session_id = session_id
+        self.ctn = spec.chunk_width * pipeline.tokens_per_frame(height, width)
+        self.latents: dict[int, Tensor] = {}  # chunks in the window, and the one last emitted
+        self.next_chunk = 0
+        self.calls_made = 0
+        self._calls = stage_calls(spec)
+        self.observer: Callable[[CallRecord], None] | None = None
+        self.on_clean_kv: Callable[[int, list[Tensor]], None] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.spec.num_chunks is not None and self.next_chunk >= self.spec.num_chunks
+
+    @torch.no_grad()
+    def generate_chunk(self) -> ChunkOutput:
+        if self.finished:
+            raise UserError(f"session {self.session_id} has made all its {self.spec.num_chunks} chunks")
+        began = time.perf_counter()
+        while True:
+            call = next(self._calls)
+            with profile("magi_call"):
+                self._run(call)
+            if call.emits is not None:
+                break
+        chunk = call.emits
+        self.next_chunk = chunk + 1
+        return ChunkOutput(chunk, self.latents[chunk], self._carry(chunk), time.perf_counter() - began)
+
+    @torch.no_grad()
+    def replay(self, chunks: Sequence[ReplayChunk]) -> None:
+        """Continue after the last of `chunks` (consecutive, in order): the calls that wrote the K/V of
+        all but the last are re-run from their clean latents and carries, and the last one's carry
+        becomes the window. Pass at least the last `lookback_chunks + 1` committed chunks (all when
+        fewer were made); earlier ones are not read again."""
+        if not chunks:
+            return
+        indices = [c.index for c in chunks]
+        if indices != list(range(indices[0], indices[0] + len(indices))):
+            raise ValueError(f"replayed chunks must be consecutive, got {indices}")
+        last = indices[-1]
+        if indices[0] > max(0, last - self.spec.lookback_chunks):
+            raise ValueError(
+                f"replaying from chunk {indices[0]} leaves chunks before it out of chunk {last + 1}'s look-back; "
+                f"pass chunks from {max(0, last - self.spec.lookback_chunks)} on"
+            )
+        self.cache.drop()
+        for chunk in chunks[:-1]:
+            self._restore_window(chunk)
+            self._run(next(stage_calls(self.spec, first_stage=chunk.index + self.spec.window)), replaying=True)
+        self._restore_window(chunks[-1])
+        self._calls = stage_calls(self.spec, first_stage=last + self.spec.window)
+        self.next_chunk = last + 1
+
+    def _restore_window(self, chunk: ReplayChunk) -> None:
+        cw = self.spec.chunk_width
+        carry = chunk.carry
+        self.latents = {chunk.index: chunk.latents.clone()}
+        for j in range(carry.shape[2] // cw):
+            self.latents[chunk.index + 1 + j] = carry[:, :, j * cw : (j + 1) * cw].clone()
+
+    def _carry(self, emitted: int) -> Tensor:
+        in_flight = sorted(c for c in self.latents if c > emitted)
+        if not in_flight:
+            return self.latents[emitted][:, :, :0].clone()
+        return torch.cat([self.latents[c] for c in in_flight], dim=2)
+
+    # ---- one call -----------------------------------------------------------------------------
+    def _chunk_latents(self, chunk: int) -> Tensor:
+        if chunk not in self.latents:
+            cw = self.spec.chunk_width
+            shape = (1, self.pipeline.latent_channels, cw, self.height, self.width)
+            self.latents[chunk] = self.noise.initial(chunk, shape).clone()
+        return self.latents[chunk]
+
+    def _timestep(self, step: int) -> Tensor:
+        if step == self.spec.num_steps:
+            return torch.tensor(self.pipeline.sampling.clean_t, dtype=torch.float32)
+        return self.pipeline.timesteps[step]
+
+    def _prefix(self, call: ForwardCall, replaying: bool) -> tuple[list[Tensor] | None, int]:
+        """The cached K|V rows the call may read, per layer, and the first chunk they hold. A replayed
+        call may reach before the cache: only its clean chunk's rows are kept, which see only itself."""
+        if call.slice_point == 0 and not call.prepended:
+            return None, 0
+        frames = self.cache.frames
+        if not frames:
+            return None, call.slice_point
+        first = frames[0] // self.spec.chunk_width
+        lowest = min(start for start, _ in call.kv_ranges)
+        if lowest < first and not replaying:
+            raise RuntimeError(f"chunk {lowest} fell out of the KV look-back (cache starts at chunk {first})")
+        rows = []
+        for layer in range(self.pipeline.kv_layout[0]):
+            k, v = self.cache.layer_kv(layer)
+            rows.append(torch.cat([k, v], dim=-1))
+        return rows, first
+
+    def _run(self, call: ForwardCall, replaying: bool = False) -> None:
+        sampling = self.pipeline.sampling
+        x = torch.cat([self._chunk_latents(c) for c in call.chunks], dim=2)
+        t = torch.stack([self._timestep(s) for s in call.steps]).reshape(1, -1)
+        prefix, first = self._prefix(call, replaying)
+        ctn = self.ctn
+        null = self.pipeline.null_rows
+        cond = [null if call.prepended and j == 0 else self.captions(c) for j, c in enumerate(call.chunks)]
+        ranges = [((max(a, first) - first) * ctn, (b - first) * ctn) for a, b in call.kv_ranges]
+        offset = call.slice_point * self.spec.chunk_width
+        n_clean = 1 if call.prepended else 0
+        denoising = len(call.chunks) - n_clean
+        t_first = t[0, n_clean]
+        nearly_clean = float(t_first) > sampling.distill_nearly_clean_chunk_threshold
+        outputs: list[Tensor] = []
+        if sampling.cfg_number == 1:
+            dt = distill_dt(self.spec.num_steps, call.step_in_stage)
+            x_in, t_in, caps, rng = x, t, cond, ranges
+            if nearly_clean:  # a copy of the oldest denoising chunk, attending only to itself
+                cw = self.spec.chunk_width
+                copy = x[:, :, n_clean * cw : (n_clean + 1) * cw]
+                x_in = torch.cat([x, copy], dim=2)
+                t_in = torch.cat([t, t[:, n_clean : n_clean + 1]], dim=1)
+                caps = [*cond, cond[n_clean]]
+                end = (call.slice_point - first + len(call.chunks) + 1) * ctn
+                rng = [*ranges, (end - ctn, end)]
+            out, fresh = self.pipeline.dit(x_in, t_in, [caps], rng, prefix, offset, False, dt)
+            outputs.append(out)
+            velocity = self._chunks(out, n_clean, denoising)
+            if nearly_clean:
+                cw = self.spec.chunk_width
+                scale = sampling.prev_chunks_scale
+                appended = out[:, :, -cw:]
+                velocity[0] = velocity[0] * scale + appended * (1 - scale)
+            if call.prepended:
+                self._write_clean(call.chunks[0], fresh)
+        else:
+            nulls = [null] * len(call.chunks)
+            text, _ = self.pipeline.dit(x, t, [cond], ranges, prefix, offset, False, None)
+            pre, fresh = self.pipeline.dit(x, t, [nulls], ranges, prefix, offset, True, None)
+            cw = self.spec.chunk_width
+            alone = torch.cat([x[:, :, j * cw : (j + 1) * cw] for j in range(n_clean, len(call.chunks))], dim=0)
+            t_alone = t[0, n_clean:].reshape(-1, 1)
+            own = [(0, ctn)]
+            uncond, _ = self.pipeline.dit(alone, t_alone, [[null]] * denoising, own, None, 0, True, None)
+            outputs += [text, pre, uncond]
+            if call.prepended:
+                self._write_clean(call.chunks[0], fresh)
+            scales = cfg_scales(t[0, n_clean:], sampling.cfg_t_range, sampling.prev_chunk_scales, sampling.text_scales)
+            text_v, pre_v = self._chunks(text, n_clean, denoising), self._chunks(pre, n_clean, denoising)
+            velocity = [
+                (1 - p) * uncond[j : j + 1] + (p - s) * pre_v[j] + s * text_v[j] for j, (p, s) in enumerate(scales)
+            ]
+        for chunk, step, v in zip(call.denoising, call.denoising_steps, velocity, strict=True):
+            delta = self.pipeline.timesteps[step + 1] - self.pipeline.timesteps[step]
+            self.latents[chunk] = self.latents[chunk] + v * delta
+        if not replaying and self.observer is not None:
+            self.observer(CallRecord(self.calls_made, call, x, outputs, torch.cat(velocity, dim=2)))
+        self.calls_made += 1
+        if call.prepended:  # the clean chunk's K/V is cached: its latents are no longer needed
+            self.latents.pop(call.chunks[0], None)
+
+    def _chunks(self, out: Tensor, skip: int, count: int) -> list[Tensor]:
+        cw = self.spec.chunk_width
+        return [out[:, :, (skip + j) * cw : (skip + j + 1) * cw] for j in range(count)]
+
+    def _write_clean(self, chunk: int, fresh: list[Tensor]) -> None:
+        """Cache the prepended clean chunk's K|V rows (the first `ctn` fresh rows of every layer)."""
+        cw = self.spec.chunk_width
+        _, groups, head_dim = self.pipeline.kv_layout
+        rows = [f[: self.ctn] for f in fresh]
+        self.cache.begin(chunk * cw, cw)
+        for layer, kv in enumerate(rows):
+            kv = kv.reshape(1, self.ctn, groups, 2 * head_dim)
+            self.cache.store(layer, kv[..., :head_dim], kv[..., head_dim:])
+        if self.on_clean_kv is not None:
+            self.on_clean_kv(chunk, rows)
