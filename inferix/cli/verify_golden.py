@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     from workers.engine.checkpoint import parse_dtype
     from workers.engine.golden import find_cases, verify_case
+    from workers.engine.magi_golden import is_magi_case, verify_magi_case
 
     torch.set_num_threads(args.threads)
     dtype = parse_dtype(args.dtype)
@@ -64,7 +65,13 @@ def run(args: argparse.Namespace) -> int:
     failed = 0
     total = 0
     for case in find_cases(args.directory, device, dtype):
-        for comparison in verify_case(case, args.tolerance):
+        if is_magi_case(case.folder):
+            if device.type != "cpu" or dtype != torch.float32:
+                raise UserError(f"{case.folder}: MAGI-1 cases run on the CPU in fp32 (as the reference)")
+            comparisons = verify_magi_case(case.folder)
+        else:
+            comparisons = verify_case(case, args.tolerance)
+        for comparison in comparisons:
             total += 1
             failed += not comparison.passed
             if args.json:

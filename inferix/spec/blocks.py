@@ -25,6 +25,9 @@ class CommittedBlock:
     shape: tuple[int, ...]
     latents: bytes
     prompt: str = ""
+    # Chunk-pipelined models (MAGI-1): the in-flight window after this chunk, same layout as latents.
+    carry_shape: tuple[int, ...] = ()
+    carry: bytes = b""
 
     def problem(self) -> str | None:
         """What is wrong with the block's data (None when it is well-formed)."""
@@ -33,6 +36,8 @@ class CommittedBlock:
         expected = FLOAT32_BYTES * math.prod(self.shape)
         if len(self.latents) != expected:
             return f"latents hold {len(self.latents)} bytes but shape {list(self.shape)} of float32 needs {expected}"
+        if self.carry_shape and FLOAT32_BYTES * math.prod(self.carry_shape) != len(self.carry):
+            return f"carry holds {len(self.carry)} bytes but carry_shape {list(self.carry_shape)} of float32 needs more"
         return None
 
     def to_proto(self) -> kvcache_pb2.CommittedBlock:
@@ -42,11 +47,21 @@ class CommittedBlock:
             shape=list(self.shape),
             latents=self.latents,
             prompt=self.prompt,
+            carry_shape=list(self.carry_shape),
+            carry=self.carry,
         )
 
     @classmethod
     def from_proto(cls, message: kvcache_pb2.CommittedBlock) -> CommittedBlock:
-        return cls(message.block_index, message.start_frame, tuple(message.shape), message.latents, message.prompt)
+        return cls(
+            message.block_index,
+            message.start_frame,
+            tuple(message.shape),
+            message.latents,
+            message.prompt,
+            tuple(message.carry_shape),
+            message.carry,
+        )
 
     def encode(self) -> bytes:
         return self.to_proto().SerializeToString(deterministic=True)

@@ -115,6 +115,7 @@ class VideoBlock:
     denoise_s: float
     context_s: float
     decode_s: float
+    carry: Tensor | None = None  # MAGI-1: the in-flight window [1, F, C, h, w] after this chunk
 
     @property
     def total_s(self) -> float:
@@ -123,7 +124,16 @@ class VideoBlock:
     def committed(self) -> CommittedBlock:
         """What the mesh stores of this block, for recovery by recompute."""
         latents = self.latents[0].contiguous().numpy().astype("<f4")
-        return CommittedBlock(self.index, self.start_frame, tuple(latents.shape), latents.tobytes(), self.prompt)
+        carry = None if self.carry is None else self.carry[0].contiguous().numpy().astype("<f4")
+        return CommittedBlock(
+            self.index,
+            self.start_frame,
+            tuple(latents.shape),
+            latents.tobytes(),
+            self.prompt,
+            () if carry is None else tuple(carry.shape),
+            b"" if carry is None else carry.tobytes(),
+        )
 
 
 def committed_latents(block: CommittedBlock) -> Tensor:

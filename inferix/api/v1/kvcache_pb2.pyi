@@ -176,18 +176,22 @@ class ReleaseResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class CommittedBlock(_message.Message):
-    __slots__ = ("block_index", "start_frame", "shape", "latents", "prompt")
+    __slots__ = ("block_index", "start_frame", "shape", "latents", "prompt", "carry_shape", "carry")
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     START_FRAME_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     LATENTS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
+    CARRY_SHAPE_FIELD_NUMBER: _ClassVar[int]
+    CARRY_FIELD_NUMBER: _ClassVar[int]
     block_index: int
     start_frame: int
     shape: _containers.RepeatedScalarFieldContainer[int]
     latents: bytes
     prompt: str
-    def __init__(self, block_index: _Optional[int] = ..., start_frame: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., latents: _Optional[bytes] = ..., prompt: _Optional[str] = ...) -> None: ...
+    carry_shape: _containers.RepeatedScalarFieldContainer[int]
+    carry: bytes
+    def __init__(self, block_index: _Optional[int] = ..., start_frame: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., latents: _Optional[bytes] = ..., prompt: _Optional[str] = ..., carry_shape: _Optional[_Iterable[int]] = ..., carry: _Optional[bytes] = ...) -> None: ...
 
 class CommitBlockRequest(_message.Message):
     __slots__ = ("session_id", "block")

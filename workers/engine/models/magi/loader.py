@@ -1,0 +1,194 @@
+"""MAGI-1 model folders: from the released layout to a runnable `MagiModel`.
+
+Layout (names as released by SandAI; each can be changed under ``files:`` in ``model.yaml``)::
+
+    DIR/model.yaml                    ``preset: magi1-4.5b-distill`` (+ overrides), or instead:
+    DIR/magi_config.json              the reference's run config (example/4.5B/4.5B_distill_config.json)
+    DIR/inference_weight.distill/     the DiT: sharded safetensors + model.safetensors.index.json
+                                      (inference_weight/ for the base models)
+    DIR/t5/                           the HF t5-v1_1-xxl folder: config.json, weights, spiece.model
+    DIR/vae/                          config.json + diffusion_pytorch_model.safetensors
+    DIR/special_tokens.npz            example/assets/special_tokens.npz of the reference
+
+Every network is built on the meta device and its weights assigned, so nothing is initialised twice.
+Errors name the file and what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from inferix.errors import UserError
+from inferix.spec.magi import MagiPreset, is_magi_preset, load_magi_preset
+from inferix.spec.presets import read_yaml
+from workers.engine.models.magi.captions import SpecialTokens, load_special_tokens
+from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
+from workers.engine.models.magi.t5 import MagiTokenizer, T5Encoder, load_t5
+from workers.engine.models.magi.vae import MagiVAEDecoder, load_magi_vae
+
+__all__ = ["MAGI_CONFIG_JSON", "MagiModel", "is_magi_folder", "load_magi_dit", "load_magi_model"]
+
+MAGI_CONFIG_JSON = "magi_config.json"
+_INDEX = "model.safetensors.index.json"
+# Parameter names that only a Wan-family DiT has: a folder that mixes the two families is refused.
+_WAN_MARKERS = ("blocks.0.self_attn.q.weight", "patch_embedding.weight", "model.blocks.0.self_attn.q.weight")
+
+
+@dataclass
+class MagiModel:
+    """A loaded MAGI-1: DiT, T5 + tokenizer, special caption tokens and the VAE decoder."""
+
+    preset: MagiPreset
+    dit: MagiDiT
+    t5: T5Encoder
+    tokenizer: MagiTokenizer
+    special: SpecialTokens
+    vae: MagiVAEDecoder
+    source: Path
+
+    @property
+    def name(self) -> str:
+        return self.preset.name
+
+    @property
+    def fps(self) -> int:
+        return self.preset.video.fps
+
+    @property
+    def height(self) -> int:
+        return self.preset.video.height
+
+    @property
+    def width(self) -> int:
+        return self.preset.video.width
+
+
+def is_magi_folder(root: Path) -> bool:
+    """Whether a model folder holds MAGI-1 (its model.yaml names a MAGI-1 preset, or it has a run config)."""
+    if (root / MAGI_CONFIG_JSON).is_file():
+        return True
+    yaml_path = root / "model.yaml"
+    if yaml_path.is_file():
+        preset = read_yaml(yaml_path, "model config").get("preset")
+        return isinstance(preset, str) and is_magi_preset(preset)
+    return False
+
+
+def magi_preset_of(root: Path) -> MagiPreset:
+    yaml_path = root / "model.yaml"
+    if yaml_path.is_file():
+        data = read_yaml(yaml_path, "model config")
+        name = data.pop("preset", None)
+        if not isinstance(name, str):
+            raise UserError(f"{yaml_path} must name a preset, e.g. 'preset: magi1-4.5b-distill'")
+        return load_magi_preset(name, data, str(yaml_path))
+    path = root / MAGI_CONFIG_JSON
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read the MAGI-1 run config {path}: {exc}") from exc
+    return MagiPreset.from_reference(config, root.name, str(path))
+
+
+def _shards(folder: Path) -> list[Path]:
+    index = folder / _INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError) as exc:
+            raise UserError(f"cannot read the shard index {index}: {exc}") from exc
+        names = sorted(set(weight_map.values()))
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise UserError(f"{index} lists shard(s) that are missing: {', '.join(missing[:3])}; download them again")
+        return [folder / n for n in names]
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        raise UserError(f"the DiT folder {folder} holds no .safetensors files (and no {_INDEX})")
+    return shards
+
+
+def _tensors(shards: list[Path]) -> Iterator[tuple[str, Tensor]]:
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield key, f.get_tensor(key)
+
+
+def load_magi_dit(folder: Path, config: MagiDiTConfig, dtype: torch.dtype, device: str | torch.device) -> MagiDiT:
+    """The DiT of a released weight folder (or one .safetensors file)."""
+    if ".fp8" in folder.name:
+        raise UserError(
+            f"{folder} holds MAGI-1's fp8 weights, which need fp8 linear layers with smooth scales that this "
+            "engine does not run yet; use the bf16 weights (inference_weight or inference_weight.distill)"
+        )
+    shards = [folder] if folder.is_file() else _shards(folder)
+    with torch.device("meta"):
+        model = MagiDiT(config)
+    expected = dict(model.state_dict())
+    state: dict[str, Any] = {}
+    for key, tensor in _tensors(shards):
+        if key in _WAN_MARKERS:
+            raise UserError(
+                f"{folder} holds Wan weights ({key}), not MAGI-1's: a model folder holds one family; "
+                "put the MAGI-1 DiT there, or point model.yaml at the right preset"
+            )
+        if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise UserError(f"{folder}: {key} is fp8; fp8 MAGI-1 weights are not supported yet (use the bf16 ones)")
+        state[key] = tensor.to(dtype=dtype, device=device)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
+        raise UserError(
+            f"the DiT weights in {folder} do not fit the MAGI-1 config: {'; '.join(parts)}; "
+            "check that the folder and the preset are the same variant (4.5B / 24B, distill / base)"
+        )
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise UserError(
+                f"{folder}: {key} has shape {list(tensor.shape)}, the config expects {list(expected[key].shape)}; "
+                "check that the preset matches the weights"
+            )
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+def _required(root: Path, relative: str, what: str) -> Path:
+    path = root / relative
+    if not path.exists():
+        raise UserError(
+            f"MAGI-1 model folder {root}: missing {what} {path} (or set its path under 'files:' in model.yaml)"
+        )
+    return path
+
+
+def load_magi_model(root: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> MagiModel:
+    preset = magi_preset_of(root)
+    files = preset.files
+    dit_path = next((root / name for name in files.dit if (root / name).exists()), None)
+    if dit_path is None:
+        raise UserError(
+            f"MAGI-1 model folder {root}: missing the DiT weights ({' or '.join(files.dit)}); "
+            "download the variant's inference_weight folder there"
+        )
+    t5_path = _required(root, files.t5, "the T5 text encoder folder")
+    vae_path = _required(root, files.vae, "the VAE")
+    special = load_special_tokens(_required(root, files.special_tokens, "the special tokens"))
+    dit = load_magi_dit(dit_path, MagiDiTConfig.from_reference(dict(preset.model_config)), dtype, device)
+    t5 = load_t5(t5_path, dtype=dtype, device=device)
+    tokenizer = MagiTokenizer(t5_path, max_length=int(preset.model_config.get("caption_max_length", 800)))
+    vae = load_magi_vae(vae_path, None, dtype=dtype, device=device)
+    return MagiModel(preset, dit, t5, tokenizer, special, vae, root)
