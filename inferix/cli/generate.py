@@ -73,13 +73,13 @@ def run(args: argparse.Namespace) -> int:
 
     from inferix.media import Mp4Writer
     from inferix.profiling import Profiler
-    from workers.engine import Engine
+    from workers.engine.families import load_engine
 
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     started = time.perf_counter()
-    engine = Engine.load(args.model, dtype=dtype, device=args.device, attention_backend=args.attention)
+    engine = load_engine(args.model, dtype=dtype, device=args.device, attention_backend=args.attention)
     model = engine.model
     width, height = args.width or model.width, args.height or model.height
     changes = {c.at_block: c for c in schedule[1:]}

@@ -294,12 +294,12 @@ def test_uncond_batch_elements_are_independent() -> None:
 def test_bfloat16_weights_run_close_to_fp32(fp32_islands: bool) -> None:
     """With bf16 weights the fp32 islands keep the output near the fp32 reference (a smoke test of the dtypes)."""
     g = golden("magi1_tiny_distill")
-    model = MagiDiT(g.model.config)
-    model.load_state_dict(g.model.state_dict())
-    model = model.to(torch.bfloat16)
+    model = MagiDiT(g.model.config).to(torch.bfloat16)
     if fp32_islands:
         model.keep_fp32_islands()
         assert model.x_embedder.weight.dtype == torch.float32 and model.rope.bands.dtype == torch.float32
+    # Without assign, the load copies each value into its parameter's dtype: the islands stay unrounded.
+    model.load_state_dict(g.model.state_dict())
     assert model.dtype == torch.bfloat16
     inputs = pass_inputs(g, 9, 0, g.pipeline["call009_x"])
     inputs = replace(inputs, prefix=[p.to(torch.bfloat16) for p in inputs.prefix or []])
@@ -316,7 +316,7 @@ def test_bfloat16_weights_run_close_to_fp32(fp32_islands: bool) -> None:
         )
     ref = g.pipeline["call009_pass0_out"]
     assert out.dtype == torch.float32 and fresh[0].dtype == torch.bfloat16
-    # Measured: 1.0% (bf16 everywhere) and 0.9% (fp32 islands) of the output's max.
+    # Measured: 1.03% (bf16 everywhere) and 0.97% (fp32 islands) of the output's max (cfg case: 1.30% / 1.27%).
     assert max_diff(out, ref) <= 0.03 * ref.abs().max().item()
 
 

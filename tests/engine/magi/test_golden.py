@@ -40,7 +40,7 @@ def test_both_magi_cases_are_present() -> None:
 def test_verify_golden_passes_every_stage(case: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify-golden", str(GOLDEN_DIR / case), "--json"]) == 0
     records = {r["tensor"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
-    assert STAGES <= set(records)
+    assert set(records) >= STAGES
     assert all(r["passed"] for r in records.values())
     # The schedule and the window bookkeeping are exact; the DiT agrees to a few fp32 ulps.
     assert records["schedule/t"]["max_abs_diff"] == 0.0

@@ -477,8 +477,9 @@ class MagiDiT(nn.Module):
         """Cast back to fp32 the weights the reference keeps in fp32 when the model runs in bf16.
 
         The reference's `_high_precision_promoter`: embedders, RoPE bands, final linear and norm, the self-attention
-        q/k norms (not the cross-attention ones) and the post-norms. Call after loading low-precision weights; the
-        forward computes those parts in fp32 either way, this keeps their weights unrounded.
+        q/k norms (not the cross-attention ones) and the post-norms. The forward computes those parts in fp32
+        either way; this keeps their weights unrounded when fp32 values are loaded into them afterwards
+        (`load_state_dict` without assign copies into each parameter's dtype).
         """
         for module in (self.x_embedder, self.y_embedder, self.t_embedder, self.final_linear, self.rope):
             module.float()

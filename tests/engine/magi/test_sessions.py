@@ -1,0 +1,165 @@
+"""MAGI-1 behind the engine's front door: a released-layout folder in, chunks out, exactly as the
+reference from the prompt text; restore from committed chunks; prompt changes; bad folders."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from inferix.errors import UserError
+from inferix.spec.blocks import CommittedBlock
+from tests.conftest import GOLDEN_DIR
+from tests.engine.magi.conftest import SECOND_PROMPT
+from workers.engine.chunk_pipeline import RecordedChunkNoise
+from workers.engine.engine import VideoBlock
+from workers.engine.families import load_engine
+from workers.engine.magi_engine import MagiEngine, MagiSession
+
+
+def magi_engine(folder: Path) -> MagiEngine:
+    engine = load_engine(folder)
+    assert isinstance(engine, MagiEngine)
+    return engine
+
+
+def golden_prompt(case: str) -> str:
+    return str(json.loads((GOLDEN_DIR / case / "config.json").read_text())["prompt"])
+
+
+@pytest.mark.parametrize("case", ["magi1_tiny_distill", "magi1_tiny_cfg"])
+def test_the_front_door_makes_the_reference_video_from_the_prompt_text(
+    case: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    folder = request.getfixturevalue("magi_distill" if "distill" in case else "magi_cfg")
+    engine = magi_engine(folder)
+    golden = load_file(str(GOLDEN_DIR / case / "vae_decode.safetensors"))
+    noise = load_file(str(GOLDEN_DIR / case / "inputs.safetensors"))["initial_noise"]
+    chunks = noise.shape[2] // engine.model.preset.sampling.chunk_width
+    prompt = golden_prompt(case)
+    with engine.open(prompt, width=noise.shape[4] * 8, height=noise.shape[3] * 8, num_blocks=chunks) as video:
+        video.session.noise = RecordedChunkNoise(noise)  # the reference's single draw
+        if case == "magi1_tiny_cfg":
+            # Two of this prompt's words share a toy-tokenizer id, which no tokenizer file can express:
+            # start from the reference's T5 output (the text path is checked by the distill case).
+            text = load_file(str(GOLDEN_DIR / case / "text_case.safetensors"))
+            video._embeds[prompt] = (text["caption_embs"][0, 0], text["emb_masks"][0])
+            video._rows.clear()
+        frames = np.concatenate([block.frames for block in video])
+    reference = golden["video_uint8"].permute(0, 2, 3, 1).numpy()
+    assert frames.shape == reference.shape
+    levels = np.abs(frames.astype(np.int16) - reference.astype(np.int16))
+    # Truncation to uint8: a value within ~1e-5 of an integer may land on the other side.
+    assert levels.max() <= 1 and (levels > 0).mean() < 1e-3
+
+
+def run_chunks(video: MagiSession, count: int) -> list[VideoBlock]:
+    return [video.next_block() for _ in range(count)]
+
+
+def roundtrip(block: VideoBlock) -> CommittedBlock:
+    """What kvcache_svc stores and hands back."""
+    return CommittedBlock.decode(block.committed().encode())
+
+
+@pytest.mark.parametrize("restore_after", [1, 3, 7])
+def test_a_session_restored_from_committed_chunks_continues_bit_identically(
+    magi_distill: Path, restore_after: int
+) -> None:
+    engine = magi_engine(magi_distill)
+    with engine.open("a red fox", seed=5, num_blocks=10) as video:
+        made = run_chunks(video, 10)
+    with engine.open("a red fox", seed=5, num_blocks=10, session_id="restored") as again:
+        frames = again.restore([roundtrip(b) for b in made[:restore_after]])
+        assert frames == [b.frames.shape[0] for b in made[:restore_after]]
+        assert again.next_block_index == restore_after
+        rest = list(again)
+    assert [b.index for b in rest] == list(range(restore_after, 10))
+    for ours, original in zip(rest, made[restore_after:], strict=True):
+        assert torch.equal(ours.latents, original.latents)
+        assert np.array_equal(ours.frames, original.frames)
+        assert ours.first_frame == original.first_frame
+
+
+def test_a_long_history_restored_in_pages_replays_only_the_look_back(magi_distill: Path) -> None:
+    engine = magi_engine(magi_distill)
+    with engine.open("a red fox", seed=9) as video:  # endless
+        made = run_chunks(video, 9)
+    with engine.open("a red fox", seed=9, session_id="paged") as again:
+        again.restore([roundtrip(b) for b in made[:4]])
+        again.restore([roundtrip(b) for b in made[4:8]], from_start=False)
+        replayed = len(again._replay)
+        following = again.next_block()
+    assert replayed == engine.model.preset.sampling.window_size + 1 - 1 + 1  # lookback (4) + the last chunk
+    assert torch.equal(following.latents, made[8].latents)
+
+
+def test_a_prompt_change_applies_from_the_next_chunk_and_survives_a_restore(magi_distill: Path) -> None:
+    engine = magi_engine(magi_distill)
+    with engine.open("a red fox", seed=2, num_blocks=6) as plain:
+        unchanged = run_chunks(plain, 6)
+    with engine.open("a red fox", seed=2, num_blocks=6) as video:
+        changed = run_chunks(video, 2)
+        video.set_prompt(SECOND_PROMPT)
+        changed += run_chunks(video, 4)
+    assert [b.prompt for b in changed] == ["a red fox"] * 2 + [SECOND_PROMPT] * 4
+    assert all(torch.equal(a.latents, b.latents) for a, b in zip(changed[:2], unchanged[:2], strict=True))
+    assert not torch.equal(changed[2].latents, unchanged[2].latents)
+    with engine.open("a red fox", seed=2, num_blocks=6, session_id="again") as again:
+        again.restore([roundtrip(b) for b in changed[:4]])
+        assert torch.equal(again.next_block().latents, changed[4].latents)
+
+
+def test_generate_cli_writes_a_magi_video_with_the_sessions_frames(magi_distill: Path, tmp_path: Path) -> None:
+    out = tmp_path / "magi.mp4"
+    command = [sys.executable, "-m", "inferix", "generate", "--model", str(magi_distill), "--prompt", "a red fox"]
+    result = subprocess.run(
+        [*command, "--blocks", "3", "--seed", "4", "--out", str(out), "--quiet", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    with magi_engine(magi_distill).open("a red fox", seed=4, num_blocks=3) as video:
+        digest = hashlib.sha256(b"".join(np.ascontiguousarray(b.frames).tobytes() for b in video)).hexdigest()
+    assert f"frames sha256 {digest}" in result.stdout
+    assert "36 frames 48x32 @ 24 fps" in result.stdout and out.stat().st_size > 0
+
+
+def test_bad_folders_and_requests_get_one_line_errors(magi_distill: Path, tmp_path: Path) -> None:
+    mixed = tmp_path / "mixed"
+    shutil.copytree(magi_distill, mixed)
+    shard = mixed / "inference_weight.distill" / "model.safetensors"
+    state = load_file(str(shard))
+    state["patch_embedding.weight"] = torch.zeros(4, 16, 1, 2, 2)  # a Wan DiT's
+    save_file(state, str(shard))
+    with pytest.raises(UserError, match="holds Wan weights.*not MAGI-1"):
+        load_engine(mixed)
+
+    no_t5 = tmp_path / "no_t5"
+    shutil.copytree(magi_distill, no_t5)
+    shutil.rmtree(no_t5 / "t5")
+    with pytest.raises(UserError, match="missing the T5 text encoder folder"):
+        load_engine(no_t5)
+
+    no_vae = tmp_path / "no_vae"
+    shutil.copytree(magi_distill, no_vae)
+    shutil.rmtree(no_vae / "vae")
+    with pytest.raises(UserError, match="missing the VAE"):
+        load_engine(no_vae)
+
+    engine = magi_engine(magi_distill)
+    with pytest.raises(UserError, match="multiples of 16"):
+        engine.open("a red fox", width=40, height=32)
+    with pytest.raises(UserError, match="at least 2 patches"):
+        engine.open("a red fox", width=16, height=32)
+    with pytest.raises(UserError, match="at least one chunk"):
+        engine.open("a red fox", num_blocks=0)

@@ -1,0 +1,46 @@
+"""One entry point for every model family: `load_engine` picks the engine a model folder needs.
+
+Self Forcing / CausVid (Wan, block-causal) load into `Engine`; MAGI-1 (chunk-pipelined) into
+`MagiEngine`. Both open sessions with the same surface (blocks out, prompt changes, restore from
+committed blocks, KV offload), which is all `inferix generate` and the worker use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from workers.engine.checkpoint import parse_dtype
+from workers.engine.engine import Engine
+from workers.engine.magi_engine import MagiEngine, magi_pool
+from workers.engine.model_dir import builtin_model_name
+from workers.engine.models.magi.loader import is_magi_folder, load_magi_model
+
+__all__ = ["AnyEngine", "load_engine", "magi_folder"]
+
+AnyEngine = Engine | MagiEngine
+
+
+def magi_folder(model: str | Path | None) -> Path | None:
+    """The MAGI-1 model folder `model` names, or None (a built-in model or another family)."""
+    if model is None or builtin_model_name(model) is not None:
+        return None
+    path = Path(model).expanduser()
+    return path if path.is_dir() and is_magi_folder(path) else None
+
+
+def load_engine(
+    model: str | Path | None = None,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str = "cpu",
+    attention_backend: str = "auto",
+    kv_pages: int | None = None,
+) -> AnyEngine:
+    """The engine of a model folder or built-in model (see `Engine.load`), whatever its family."""
+    folder = magi_folder(model)
+    if folder is None:
+        return Engine.load(model, dtype=dtype, device=device, attention_backend=attention_backend, kv_pages=kv_pages)
+    loaded = load_magi_model(folder, parse_dtype(dtype), device)
+    return MagiEngine(loaded, None if kv_pages is None else magi_pool(loaded, kv_pages))
