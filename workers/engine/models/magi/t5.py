@@ -17,15 +17,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
-import sentencepiece
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer
 from torch import Tensor, nn
 
 from inferix.errors import CheckpointError, UserError
 from workers.engine.checkpoint import StateDict, load_into, read_state_dict
 from workers.engine.models.wan.text_encoder import relative_position_buckets
+from workers.engine.models.wan.tokenizer import load_tokenizer_backend
 
 __all__ = [
     "MagiTokenizer",
@@ -47,10 +46,6 @@ TIED_EMBED_KEY = "encoder.embed_tokens.weight"
 # T5EncoderModel ignores them the same way).
 DECODER_PREFIXES = ("decoder.", "lm_head.")
 
-TOKENIZER_JSON = "tokenizer.json"
-SENTENCEPIECE_MODEL = "spiece.model"
-EOS_TOKEN = "</s>"
-PAD_TOKEN = "<pad>"
 # The reference tokenizes to caption_max_length, which must be 800 (see captions.py).
 DEFAULT_MAX_LENGTH = 800
 
@@ -364,47 +359,6 @@ def load_t5(folder: str | Path, dtype: torch.dtype = torch.float32, device: torc
 
 
 # ---- tokenizer ------------------------------------------------------------------------------------
-class _JsonTokenizer:
-    """``tokenizer.json`` through the ``tokenizers`` library (what HF's T5TokenizerFast runs)."""
-
-    def __init__(self, path: Path) -> None:
-        try:
-            self._tokenizer = Tokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises a bare Exception for unreadable/invalid files
-            raise UserError(f"cannot read tokenizer file {path}: {exc}") from exc
-        # Length handling is ours: settings saved in the file must not pad or truncate first.
-        self._tokenizer.no_truncation()
-        self._tokenizer.no_padding()
-        self.eos_id = _special_id(self._tokenizer.token_to_id(EOS_TOKEN), EOS_TOKEN, path)
-        self.pad_id = _special_id(self._tokenizer.token_to_id(PAD_TOKEN), PAD_TOKEN, path)
-
-    def encode(self, text: str) -> list[int]:
-        # add_special_tokens=False skips the file's post-processor, which would append its own EOS.
-        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
-
-
-class _SentencePieceTokenizer:
-    """``spiece.model`` through ``sentencepiece`` (what HF's slow T5Tokenizer runs)."""
-
-    def __init__(self, path: Path) -> None:
-        try:
-            self._processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
-        except Exception as exc:  # sentencepiece raises RuntimeError or OSError depending on the failure
-            raise UserError(f"cannot read sentencepiece model {path}: {exc}") from exc
-        self.eos_id = _special_id(self._processor.eos_id(), EOS_TOKEN, path)
-        self.pad_id = _special_id(self._processor.pad_id(), PAD_TOKEN, path)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self._processor.encode(text, out_type=int))
-
-
-def _special_id(token_id: int | None, token: str, path: Path) -> int:
-    """A special token's id, or a UserError: without EOS and pad no T5 input can be built."""
-    if token_id is None or token_id < 0:
-        raise UserError(f"tokenizer {path} has no {token} token; a T5 tokenizer is required")
-    return token_id
-
-
 class MagiTokenizer:
     """HF ``T5Tokenizer(padding='max_length', truncation=True)`` semantics from a local folder.
 
@@ -417,18 +371,7 @@ class MagiTokenizer:
             raise UserError(f"tokenizer max_length must be >= 1 (room for EOS), got {max_length}")
         self.folder = Path(folder)
         self.max_length = max_length
-        self._backend = self._load(self.folder)
-
-    @staticmethod
-    def _load(folder: Path) -> _JsonTokenizer | _SentencePieceTokenizer:
-        if (folder / TOKENIZER_JSON).is_file():
-            return _JsonTokenizer(folder / TOKENIZER_JSON)
-        if (folder / SENTENCEPIECE_MODEL).is_file():
-            return _SentencePieceTokenizer(folder / SENTENCEPIECE_MODEL)
-        raise UserError(
-            f"no T5 tokenizer in {folder}: looked for {folder / TOKENIZER_JSON} and {folder / SENTENCEPIECE_MODEL} "
-            "(copy the tokenizer files of DeepFloyd/t5-v1_1-xxl there)"
-        )
+        self._backend = load_tokenizer_backend(self.folder, release="DeepFloyd/t5-v1_1-xxl")
 
     @property
     def eos_id(self) -> int:

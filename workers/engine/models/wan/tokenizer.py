@@ -23,7 +23,7 @@ from torch import Tensor
 
 from inferix.errors import UserError
 
-__all__ = ["PromptTokenizer", "clean_prompt"]
+__all__ = ["PromptTokenizer", "TokenizerBackend", "clean_prompt", "load_tokenizer_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def clean_prompt(text: str) -> str:
     return _WHITESPACE_RUN.sub(" ", text).strip()
 
 
-class _Backend(Protocol):
+class TokenizerBackend(Protocol):
     """What PromptTokenizer needs from a tokenizer library: plain ids and the two special ids."""
 
     eos_id: int
@@ -105,12 +105,13 @@ def _required_id(token_id: int | None, token: str, path: Path) -> int:
     return token_id
 
 
-def _load_backend(tokenizer_dir: Path) -> _Backend:
+def load_tokenizer_backend(tokenizer_dir: Path, release: str = "google/umt5-xxl") -> TokenizerBackend:
+    """The T5-family tokenizer of a local folder: ``tokenizer.json`` (preferred, as AutoTokenizer picks
+    the fast one) or ``spiece.model``; `release` names where to get the files in errors."""
     if not tokenizer_dir.is_dir():
         raise UserError(
             f"tokenizer directory {tokenizer_dir} does not exist or is not a directory; point it at a "
-            f"local copy of a HuggingFace tokenizer such as google/umt5-xxl "
-            f"(containing {TOKENIZER_JSON} or {SENTENCEPIECE_MODEL})"
+            f"local copy of the tokenizer of {release} (containing {TOKENIZER_JSON} or {SENTENCEPIECE_MODEL})"
         )
     if (tokenizer_dir / TOKENIZER_JSON).is_file():
         return _HuggingFaceJsonBackend(tokenizer_dir / TOKENIZER_JSON)
@@ -118,7 +119,7 @@ def _load_backend(tokenizer_dir: Path) -> _Backend:
         return _SentencePieceBackend(tokenizer_dir / SENTENCEPIECE_MODEL)
     raise UserError(
         f"tokenizer directory {tokenizer_dir} contains neither {TOKENIZER_JSON} nor "
-        f"{SENTENCEPIECE_MODEL}; download the tokenizer files of google/umt5-xxl into it"
+        f"{SENTENCEPIECE_MODEL}; download the tokenizer files of {release} into it"
     )
 
 
@@ -134,7 +135,7 @@ class PromptTokenizer:
             raise UserError(f"text_len must be >= 1 (room for EOS), got {text_len}")
         self.tokenizer_dir = Path(tokenizer_dir)
         self.text_len = text_len
-        self._backend = _load_backend(self.tokenizer_dir)
+        self._backend = load_tokenizer_backend(self.tokenizer_dir)
 
     @property
     def vocab_size(self) -> int:
