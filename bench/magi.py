@@ -20,9 +20,8 @@ from pathlib import Path
 
 import torch
 
-from inferix.spec.magi import load_magi_preset, magi_presets
+from inferix.spec.magi import load_magi_preset, magi_chunk_frames, magi_presets
 from workers.engine.chunk_pipeline import ChunkPipeline, SeededChunkNoise
-from workers.engine.magi_engine import chunk_frames
 from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -100,7 +99,7 @@ def main() -> None:
         steady[mode] = statistics.median(seconds[1:])
         figures[f"{mode}_first_chunk_s"] = seconds[0]
         figures[f"{mode}_steady_chunk_s"] = steady[mode]
-    video_s = chunk_frames(preset.sampling.chunk_width) / preset.video.fps
+    video_s = magi_chunk_frames(preset.sampling.chunk_width) / preset.video.fps
     print(f"{args.preset} {'full' if args.full else 'scaled-down'} DiT, latent {args.latent}, {args.steps} steps, "
           f"window {preset.sampling.window_size}, {args.device} {args.dtype}")  # fmt: skip
     for mode, value in steady.items():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inferix.api.v1 import common_pb2
-from inferix.spec import ModelPreset, load_preset
+from inferix.spec.magi import AnyPreset, load_any_preset
 from scheduler.playback import Playback
 from scheduler.validation import ALL_OUTPUTS, ValidSpec, validate_spec
 
@@ -36,11 +36,11 @@ class Presets:
 
     def __init__(self, default_lookahead: int) -> None:
         self.default_lookahead = default_lookahead
-        self._presets: dict[str, ModelPreset] = {}
+        self._presets: dict[str, AnyPreset] = {}
 
-    def get(self, model: str) -> ModelPreset:
+    def get(self, model: str) -> AnyPreset:
         if model not in self._presets:
-            self._presets[model] = load_preset(model)
+            self._presets[model] = load_any_preset(model)
         return self._presets[model]
 
     def revalidate(self, spec: common_pb2.SessionSpec) -> ValidSpec:

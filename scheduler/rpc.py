@@ -18,7 +18,7 @@ import grpc
 
 from inferix.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from inferix.server import Registration
-from inferix.spec import ModelPreset
+from inferix.spec.magi import AnyPreset
 from inferix.store import Store
 from inferix.telemetry import SESSION_ID_ATTR, tracer
 from scheduler.auth import ApiKeys, Unauthenticated
@@ -82,7 +82,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 grpc.StatusCode.UNAVAILABLE, "the scheduler is still loading its sessions (store unavailable?); retry"
             )
 
-    async def _served_models(self) -> dict[str, ModelPreset]:
+    async def _served_models(self) -> dict[str, AnyPreset]:
         return {name: self.presets.get(name) for name in await self.placement.served_models()}
 
     def background(self, work: Awaitable[None]) -> None:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from inferix.api.v1 import common_pb2
 from inferix.errors import UserError
 from inferix.spec import schedule
-from inferix.spec.presets import ModelPreset
-from inferix.spec.sizing import SessionShape, session_shape
+from inferix.spec.magi import AnyPreset, any_session_shape
+from inferix.spec.sizing import SessionShape
 
 MAX_BLOCKS = 100_000
 MAX_LOOKAHEAD = 64
@@ -48,7 +48,7 @@ class ValidSpec:
 
 def validate_spec(
     spec: common_pb2.SessionSpec,
-    presets: dict[str, ModelPreset],
+    presets: dict[str, AnyPreset],
     default_lookahead: int,
     outputs: frozenset[str] = frozenset({"mp4"}),
 ) -> ValidSpec:
@@ -67,7 +67,7 @@ def validate_spec(
         raise InvalidRequest(f"spec.num_blocks: {spec.num_blocks} is above the limit {MAX_BLOCKS} (0 = unbounded)")
     num_blocks = spec.num_blocks or None
     try:
-        shape = session_shape(preset, filled.resolution.width, filled.resolution.height, num_blocks)
+        shape = any_session_shape(preset, filled.resolution.width, filled.resolution.height, num_blocks)
     except UserError as exc:
         field = "spec.num_blocks" if "blocks" in str(exc) and "resolution" not in str(exc) else "spec.resolution"
         raise InvalidRequest(f"{field}: {exc}") from exc

@@ -20,11 +20,13 @@ import grpc
 
 from inferix.errors import UserError
 from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
+from inferix.spec.magi import is_magi_preset, magi_presets
 from workers.engine.batching import CPU_MAX_TOKENS, CUDA_MAX_TOKENS
 from workers.pod import add_parallel_arguments, rank, world_size
 
 if TYPE_CHECKING:
     from workers.engine.model_dir import LoadedModel
+    from workers.engine.models.magi.loader import MagiModel
     from workers.engine.parallel.pod_driver import PodDriver
 
 
@@ -107,7 +109,10 @@ def main() -> None:
         raise SystemExit(f"--realtime-streams must be >= 0 (0: measured), got {args.realtime_streams}")
     import torch
 
+    from workers.engine.checkpoint import parse_dtype
+    from workers.engine.families import magi_folder
     from workers.engine.model_dir import load_model
+    from workers.engine.models.magi.loader import load_magi_model
     from workers.pod import run_worker_pod
 
     # The format run_server uses; set here already so that start-up (the pod's plan) is logged too.
@@ -121,7 +126,18 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     try:
-        if pod:
+        magi = magi_folder(args.model)
+        if magi is not None:
+            if pod:
+                raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
+            model = load_magi_model(magi, parse_dtype(dtype), args.device)
+            if not is_magi_preset(model.name):
+                raise UserError(
+                    f"{magi}: the mesh knows models by preset name; write model.yaml with 'preset: <name>' "
+                    f"(one of {', '.join(magi_presets())}) instead of a bare run config to serve it"
+                )
+            serve(args, model)
+        elif pod:
             run_worker_pod(args, dtype, lambda model, driver: serve(args, model, driver))
         else:
             serve(args, load_model(args.model, dtype=dtype, device=args.device))
@@ -131,7 +147,7 @@ def main() -> None:
         raise SystemExit(2) from None
 
 
-def serve(args: argparse.Namespace, model: LoadedModel, driver: PodDriver | None = None) -> None:
+def serve(args: argparse.Namespace, model: LoadedModel | MagiModel, driver: PodDriver | None = None) -> None:
     """The gRPC worker service until SIGTERM; with `driver` (rank 0 of a pod) it drives the pod."""
     from workers.service import WorkerConfig, WorkerService, add_to_server
 

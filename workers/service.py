@@ -49,15 +49,17 @@ from inferix.errors import UserError
 from inferix.profiling import Profiler
 from inferix.server import Registration, channel
 from inferix.spec.blocks import CommittedBlock
-from inferix.spec.sizing import session_shape
+from inferix.spec.magi import any_session_shape
 from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from workers import metrics
 from workers.capacity import CapacityMeter
 from workers.engine.batching import BatchJob
 from workers.engine.engine import Engine, EngineSession, VideoBlock, shared_pool
+from workers.engine.magi_engine import MagiEngine, MagiSession, magi_pool
 from workers.engine.kv.errors import KVCapacityError
 from workers.engine.kv.pool import KVPool
 from workers.engine.model_dir import LoadedModel
+from workers.engine.models.magi.loader import MagiModel
 from workers.engine.parallel.pod_driver import PodDriver
 
 log = logging.getLogger("inferix.worker")
@@ -90,7 +92,7 @@ class BlockOutOfOrder(Exception):
 
 @dataclass
 class _Session:
-    video: EngineSession
+    video: EngineSession | MagiSession
     streamer: streamer_pb2_grpc.StreamerServiceStub
     fps: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -103,10 +105,15 @@ class _Session:
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     """The worker's RPCs over one loaded model; with `driver`, rank 0 of a sequence-parallel pod."""
 
-    def __init__(self, model: LoadedModel, config: WorkerConfig, driver: PodDriver | None = None) -> None:
+    def __init__(self, model: LoadedModel | MagiModel, config: WorkerConfig, driver: PodDriver | None = None) -> None:
         self.model = model
         self.config = config
-        if driver is None:
+        self.engine: Engine | MagiEngine
+        if isinstance(model, MagiModel):
+            if driver is not None:
+                raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
+            self.engine = MagiEngine(model, magi_pool(model, config.kv_pages))
+        elif driver is None:
             self.engine = Engine(model, shared_pool(model, config.kv_pages))
         else:  # the pod's pool was built on every rank with the pod (rank 0's shard here)
             self.engine = Engine(model, driver=driver)
@@ -126,7 +133,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.draining = False  # set on SIGTERM: new sessions and blocks go to other workers
         self._block_tasks: set[asyncio.Future[common_pb2.BlockEvent]] = set()  # blocks in flight
         self.batcher = self.engine.batcher(config.max_batch_tokens or None, on_forward=metrics.observe_forward)
-        self._waiters: dict[BatchJob[object], tuple[asyncio.Future[VideoBlock], EngineSession]] = {}
+        self._waiters: dict[BatchJob[object], tuple[asyncio.Future[VideoBlock], EngineSession | MagiSession]] = {}
         self._pump: asyncio.Task[None] | None = None
         self.capacity = CapacityMeter(model.fps, config.realtime_streams)
 
@@ -145,12 +152,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         if not spec.prompts:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec.prompts: at least one prompt is required")
         try:
-            session_shape(self.model.preset, spec.resolution.width, spec.resolution.height, spec.num_blocks or None)
+            any_session_shape(self.model.preset, spec.resolution.width, spec.resolution.height, spec.num_blocks or None)
             async with self.engine_lock:
                 if request.session_id in self.sessions:  # opened by a concurrent call meanwhile
                     return self._opened(self.sessions[request.session_id], request.announced_blocks)
                 video = await asyncio.to_thread(
-                    self.engine.open,
+                    self._open_video,
                     spec.prompts[0].text,
                     width=spec.resolution.width,
                     height=spec.resolution.height,
@@ -165,6 +172,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.sessions[request.session_id] = session
         metrics.SESSIONS.set(len(self.sessions))
         return self._opened(session, request.announced_blocks)
+
+    def _open_video(self, prompt: str, **kwargs: Any) -> EngineSession | MagiSession:
+        """A session of this worker's engine (either family)."""
+        return self.engine.open(prompt, **kwargs)
 
     def _opened(self, session: _Session, announced_blocks: int) -> worker_pb2.OpenSessionResponse:
         """The session's next block, and the blocks made here that the scheduler has not announced."""
@@ -182,7 +193,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             worker_id=self.config.worker_id,
         )
 
-    async def _restore(self, video: EngineSession, session_id: str) -> list[common_pb2.BlockEvent]:
+    async def _restore(self, video: EngineSession | MagiSession, session_id: str) -> list[common_pb2.BlockEvent]:
         """Continue `video` from the session's committed blocks; the events of the blocks restored.
 
         The history is replayed one stream message (a few MiB) at a time, so a worker restores a
@@ -278,7 +289,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         metrics.BLOCK_SECONDS.observe(block.total_s)
         return event
 
-    async def run_batched(self, video: EngineSession) -> VideoBlock:
+    async def run_batched(self, video: EngineSession | MagiSession) -> VideoBlock:
         """The session's next block, made in the batch of every block in progress on this worker."""
         entry = self.batcher.add(video.block_job())
         done: asyncio.Future[VideoBlock] = asyncio.get_running_loop().create_future()
@@ -330,7 +341,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         """Two blocks of `n` probe sessions batched; whether all `n` kept real time."""
         async with self.engine_lock:
             videos = [
-                await asyncio.to_thread(self.engine.open, "capacity probe", num_blocks=2, session_id=f"probe-{i}")
+                await asyncio.to_thread(self._open_video, "capacity probe", num_blocks=2, session_id=f"probe-{i}")
                 for i in range(n)
             ]
         try:

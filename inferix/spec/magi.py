@@ -13,9 +13,22 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from inferix.errors import UserError
-from inferix.spec.presets import VideoDefaults, merge_sections, read_yaml
+from inferix.spec.presets import ModelPreset, VideoDefaults, load_preset, merge_sections, read_yaml
+from inferix.spec.sizing import MAX_SIDE, VAE_SPATIAL_FACTOR, SessionShape, session_shape
 
-__all__ = ["MagiFiles", "MagiPreset", "MagiSampling", "is_magi_preset", "load_magi_preset", "magi_presets"]
+__all__ = [
+    "AnyPreset",
+    "any_session_shape",
+    "MagiFiles",
+    "MagiPreset",
+    "MagiSampling",
+    "is_magi_preset",
+    "load_any_preset",
+    "load_magi_preset",
+    "magi_chunk_frames",
+    "magi_presets",
+    "magi_session_shape",
+]
 
 
 @dataclass(frozen=True)
@@ -145,3 +158,68 @@ def load_magi_preset(name: str, overrides: Mapping[str, Any] | None = None, wher
 
 def is_magi_preset(name: str) -> bool:
     return name in _magi_preset_files()
+
+
+AnyPreset = ModelPreset | MagiPreset
+
+
+def load_any_preset(name: str) -> AnyPreset:
+    """A shipped preset of any family by name (what the scheduler knows a served model by)."""
+    return load_magi_preset(name) if is_magi_preset(name) else load_preset(name)
+
+
+def magi_chunk_frames(chunk_width: int) -> int:
+    """Video frames the VAE makes of a chunk of `chunk_width` latent frames (MAGI1_README section 11)."""
+    return 12 * (chunk_width // 3) + {0: 0, 1: 1, 2: 8}[chunk_width % 3]
+
+
+def magi_session_shape(preset: MagiPreset, width: int, height: int, num_blocks: int | None) -> SessionShape:
+    """A MAGI-1 session's resolution checked and its KV cache sized: the look-back of clean chunks
+    its KV ranges can reach, in pages of one latent frame at the preset's native resolution."""
+    patch = int(preset.model_config.get("patch_size", 2))
+    multiple = VAE_SPATIAL_FACTOR * patch
+    if (
+        not (2 * multiple <= width <= MAX_SIDE and 2 * multiple <= height <= MAX_SIDE)
+        or width % multiple
+        or height % multiple
+    ):
+        raise UserError(
+            f"resolution {width}x{height} is not supported by model {preset.name!r}: width and height must be "
+            f"multiples of {multiple} between {2 * multiple} and {MAX_SIDE} (native {preset.video.width}x"
+            f"{preset.video.height})"
+        )
+    if num_blocks is not None and num_blocks < 1:
+        raise UserError(f"a MAGI-1 session needs at least one chunk, got {num_blocks} blocks")
+
+    def tokens(w: int, h: int) -> int:
+        return (w // multiple) * (h // multiple)
+
+    per_page = tokens(preset.video.width, preset.video.height)
+    frame_tokens = tokens(width, height)
+    if frame_tokens % per_page:
+        raise UserError(
+            f"resolution {width}x{height} is not supported by model {preset.name!r}: a latent frame has "
+            f"{frame_tokens} tokens, which must be a multiple of the page size ({per_page} tokens, the native "
+            f"{preset.video.width}x{preset.video.height})"
+        )
+    sampling = preset.sampling
+    lookback = max(*sampling.noise2clean_kvrange, sampling.clean_chunk_kvrange) - 1
+    frames = max(1, lookback) * sampling.chunk_width
+    pages_per_frame = frame_tokens // per_page
+    return SessionShape(
+        width=width,
+        height=height,
+        tokens_per_frame=frame_tokens,
+        pages_per_frame=pages_per_frame,
+        cache_frames=frames,
+        pages=frames * pages_per_frame,
+        frames_per_block=sampling.chunk_width,
+        video_frames_per_block=magi_chunk_frames(sampling.chunk_width),
+    )
+
+
+def any_session_shape(preset: AnyPreset, width: int, height: int, num_blocks: int | None) -> SessionShape:
+    """`session_shape` for a preset of any family."""
+    if isinstance(preset, MagiPreset):
+        return magi_session_shape(preset, width, height, num_blocks)
+    return session_shape(preset, width, height, num_blocks)

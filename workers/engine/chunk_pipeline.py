@@ -133,7 +133,20 @@ class CallRecord:
 
 
 LATENT_CHANNELS = 16  # MAGI-1's VAE latent (the 24B DiT doubles it inside: half_channel_vae)
-CaptionRows = Callable[[int], Tensor]  # chunk -> its valid caption rows [rows, caption_channels]
+CaptionRows = Callable[[int], Tensor]
+
+
+@dataclass
+class _CallInputs:
+    """What every pass of one call shares: the window, its timesteps (CPU), each chunk's caption rows,
+    key ranges in rows of [cached prefix ; fresh rows], and the cached prefix (from chunk `first_cached`)."""
+
+    x: Tensor
+    t: Tensor
+    captions: list[Tensor]
+    ranges: list[tuple[int, int]]
+    prefix: list[Tensor] | None
+    first_cached: int  # chunk -> its valid caption rows [rows, caption_channels]
 
 
 class ChunkPipeline:
@@ -147,10 +160,13 @@ class ChunkPipeline:
         kv_layout: tuple[int, int, int],
         patch: tuple[int, int],
         pool: KVPool | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         """`null_rows`: the valid rows of the null caption; `kv_layout`: (layers, kv groups, head dim);
-        `patch`: the DiT's spatial patch (h, w)."""
+        `patch`: the DiT's spatial patch (h, w); `device`: the DiT's (latents live there; noise and the
+        schedule are computed on the CPU, the same on every machine)."""
         self.dit = dit
+        self.device = torch.device(device)
         self.sampling = sampling
         self.null_rows = null_rows
         self.kv_layout = kv_layout
@@ -195,7 +211,7 @@ class ChunkPipeline:
         pool = self.pool
         if pool is None:  # a pool of its own, sized for the rolling look-back (or a whole finite video)
             chunks = (num_chunks or spec.lookback_chunks) if keep_all_kv else spec.lookback_chunks + 1
-            pool = KVPool(self.pool_spec(height, width, max(1, chunks) * spec.chunk_width))
+            pool = KVPool(self.pool_spec(height, width, max(1, chunks) * spec.chunk_width, str(self.device)))
         cache = pool.open_session(session_id, self.tokens_per_frame(height, width), window_frames=frames)
         return ChunkSession(self, spec, height, width, captions, noise, cache, session_id)
 
@@ -276,9 +292,10 @@ class ChunkSession:
     def _restore_window(self, chunk: ReplayChunk) -> None:
         cw = self.spec.chunk_width
         carry = chunk.carry
-        self.latents = {chunk.index: chunk.latents.clone()}
+        device = self.pipeline.device
+        self.latents = {chunk.index: chunk.latents.to(device, copy=True)}
         for j in range(carry.shape[2] // cw):
-            self.latents[chunk.index + 1 + j] = carry[:, :, j * cw : (j + 1) * cw].clone()
+            self.latents[chunk.index + 1 + j] = carry[:, :, j * cw : (j + 1) * cw].to(device, copy=True)
 
     def _carry(self, emitted: int) -> Tensor:
         in_flight = sorted(c for c in self.latents if c > emitted)
@@ -291,7 +308,7 @@ class ChunkSession:
         if chunk not in self.latents:
             cw = self.spec.chunk_width
             shape = (1, self.pipeline.latent_channels, cw, self.height, self.width)
-            self.latents[chunk] = self.noise.initial(chunk, shape).clone()
+            self.latents[chunk] = self.noise.initial(chunk, shape).to(self.pipeline.device, copy=True)
         return self.latents[chunk]
 
     def _timestep(self, step: int) -> Tensor:
@@ -318,66 +335,78 @@ class ChunkSession:
         return rows, first
 
     def _run(self, call: ForwardCall, replaying: bool = False) -> None:
-        sampling = self.pipeline.sampling
         x = torch.cat([self._chunk_latents(c) for c in call.chunks], dim=2)
-        t = torch.stack([self._timestep(s) for s in call.steps]).reshape(1, -1)
+        t = torch.stack([self._timestep(s) for s in call.steps]).reshape(1, -1)  # on the CPU: exact, cheap
         prefix, first = self._prefix(call, replaying)
-        ctn = self.ctn
         null = self.pipeline.null_rows
-        cond = [null if call.prepended and j == 0 else self.captions(c) for j, c in enumerate(call.chunks)]
-        ranges = [((max(a, first) - first) * ctn, (b - first) * ctn) for a, b in call.kv_ranges]
-        offset = call.slice_point * self.spec.chunk_width
-        n_clean = 1 if call.prepended else 0
-        denoising = len(call.chunks) - n_clean
-        t_first = t[0, n_clean]
-        nearly_clean = float(t_first) > sampling.distill_nearly_clean_chunk_threshold
-        outputs: list[Tensor] = []
-        if sampling.cfg_number == 1:
-            dt = distill_dt(self.spec.num_steps, call.step_in_stage)
-            x_in, t_in, caps, rng = x, t, cond, ranges
-            if nearly_clean:  # a copy of the oldest denoising chunk, attending only to itself
-                cw = self.spec.chunk_width
-                copy = x[:, :, n_clean * cw : (n_clean + 1) * cw]
-                x_in = torch.cat([x, copy], dim=2)
-                t_in = torch.cat([t, t[:, n_clean : n_clean + 1]], dim=1)
-                caps = [*cond, cond[n_clean]]
-                end = (call.slice_point - first + len(call.chunks) + 1) * ctn
-                rng = [*ranges, (end - ctn, end)]
-            out, fresh = self.pipeline.dit(x_in, t_in, [caps], rng, prefix, offset, False, dt)
-            outputs.append(out)
-            velocity = self._chunks(out, n_clean, denoising)
-            if nearly_clean:
-                cw = self.spec.chunk_width
-                scale = sampling.prev_chunks_scale
-                appended = out[:, :, -cw:]
-                velocity[0] = velocity[0] * scale + appended * (1 - scale)
-            if call.prepended:
-                self._write_clean(call.chunks[0], fresh)
+        inputs = _CallInputs(
+            x=x,
+            t=t,
+            captions=[null if call.prepended and j == 0 else self.captions(c) for j, c in enumerate(call.chunks)],
+            ranges=[((max(a, first) - first) * self.ctn, (b - first) * self.ctn) for a, b in call.kv_ranges],
+            prefix=prefix,
+            first_cached=first,
+        )
+        if self.pipeline.sampling.cfg_number == 1:
+            velocity, outputs, fresh = self._distilled(call, inputs)
         else:
-            nulls = [null] * len(call.chunks)
-            text, _ = self.pipeline.dit(x, t, [cond], ranges, prefix, offset, False, None)
-            pre, fresh = self.pipeline.dit(x, t, [nulls], ranges, prefix, offset, True, None)
-            cw = self.spec.chunk_width
-            alone = torch.cat([x[:, :, j * cw : (j + 1) * cw] for j in range(n_clean, len(call.chunks))], dim=0)
-            t_alone = t[0, n_clean:].reshape(-1, 1)
-            own = [(0, ctn)]
-            uncond, _ = self.pipeline.dit(alone, t_alone, [[null]] * denoising, own, None, 0, True, None)
-            outputs += [text, pre, uncond]
-            if call.prepended:
-                self._write_clean(call.chunks[0], fresh)
-            scales = cfg_scales(t[0, n_clean:], sampling.cfg_t_range, sampling.prev_chunk_scales, sampling.text_scales)
-            text_v, pre_v = self._chunks(text, n_clean, denoising), self._chunks(pre, n_clean, denoising)
-            velocity = [
-                (1 - p) * uncond[j : j + 1] + (p - s) * pre_v[j] + s * text_v[j] for j, (p, s) in enumerate(scales)
-            ]
+            velocity, outputs, fresh = self._guided(call, inputs)
+        if call.prepended:
+            self._write_clean(call.chunks[0], fresh)
+        timesteps = self.pipeline.timesteps
         for chunk, step, v in zip(call.denoising, call.denoising_steps, velocity, strict=True):
-            delta = self.pipeline.timesteps[step + 1] - self.pipeline.timesteps[step]
-            self.latents[chunk] = self.latents[chunk] + v * delta
+            self.latents[chunk] = self.latents[chunk] + v * (timesteps[step + 1] - timesteps[step])
         if not replaying and self.observer is not None:
             self.observer(CallRecord(self.calls_made, call, x, outputs, torch.cat(velocity, dim=2)))
         self.calls_made += 1
         if call.prepended:  # the clean chunk's K/V is cached: its latents are no longer needed
             self.latents.pop(call.chunks[0], None)
+
+    def _distilled(self, call: ForwardCall, inputs: _CallInputs) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """One pass (README section 7); a nearly clean oldest chunk is also run alone, appended, and
+        its velocity blended from both."""
+        sampling, cw, ctn = self.pipeline.sampling, self.spec.chunk_width, self.ctn
+        skip = 1 if call.prepended else 0
+        x, t, captions, ranges = inputs.x, inputs.t, inputs.captions, inputs.ranges
+        nearly_clean = float(t[0, skip]) > sampling.distill_nearly_clean_chunk_threshold
+        if nearly_clean:
+            x = torch.cat([x, x[:, :, skip * cw : (skip + 1) * cw]], dim=2)
+            t = torch.cat([t, t[:, skip : skip + 1]], dim=1)
+            captions = [*captions, captions[skip]]
+            end = (call.slice_point - inputs.first_cached + len(call.chunks) + 1) * ctn
+            ranges = [*ranges, (end - ctn, end)]
+        dt = distill_dt(self.spec.num_steps, call.step_in_stage)
+        out, fresh = self.pipeline.dit(
+            x, t.to(self.pipeline.device), [captions], ranges, inputs.prefix, self._rope_offset(call), False, dt
+        )
+        velocity = self._chunks(out, skip, len(call.denoising))
+        if nearly_clean:
+            scale = sampling.prev_chunks_scale
+            velocity[0] = velocity[0] * scale + out[:, :, -cw:] * (1 - scale)
+        return velocity, [out], fresh
+
+    def _guided(self, call: ForwardCall, inputs: _CallInputs) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        """The base model's three passes and their t-dependent combination (README section 8)."""
+        sampling, cw, device = self.pipeline.sampling, self.spec.chunk_width, self.pipeline.device
+        skip = 1 if call.prepended else 0
+        x, t, null, offset = inputs.x, inputs.t.to(device), self.pipeline.null_rows, self._rope_offset(call)
+        dit = self.pipeline.dit
+        text, _ = dit(x, t, [inputs.captions], inputs.ranges, inputs.prefix, offset, False, None)
+        nulls = [null] * len(call.chunks)
+        context, fresh = dit(x, t, [nulls], inputs.ranges, inputs.prefix, offset, True, None)
+        # Each denoising chunk alone: no context, no cache, its own frames from 0.
+        alone = torch.cat([x[:, :, j * cw : (j + 1) * cw] for j in range(skip, len(call.chunks))], dim=0)
+        count = alone.shape[0]
+        uncond, _ = dit(alone, t[0, skip:].reshape(-1, 1), [[null]] * count, [(0, self.ctn)], None, 0, True, None)
+        scales = cfg_scales(inputs.t[0, skip:], sampling.cfg_t_range, sampling.prev_chunk_scales, sampling.text_scales)
+        text_v, context_v = self._chunks(text, skip, count), self._chunks(context, skip, count)
+        velocity = [
+            (1 - p) * uncond[j : j + 1] + (p - s) * context_v[j] + s * text_v[j] for j, (p, s) in enumerate(scales)
+        ]
+        return velocity, [text, context, uncond], fresh
+
+    def _rope_offset(self, call: ForwardCall) -> int:
+        return call.slice_point * self.spec.chunk_width
 
     def _chunks(self, out: Tensor, skip: int, count: int) -> list[Tensor]:
         cw = self.spec.chunk_width

@@ -24,6 +24,7 @@ from torch import Tensor
 from inferix.errors import UserError
 from inferix.profiling import profile
 from inferix.spec.blocks import CommittedBlock
+from inferix.spec.magi import magi_chunk_frames
 from workers.engine.batching import BlockBatcher
 from workers.engine.chunk_pipeline import ChunkPipeline, ReplayChunk, SeededChunkNoise
 from workers.engine.engine import VideoBlock
@@ -33,12 +34,7 @@ from workers.engine.models.magi.clean_caption import clean_prompt
 from workers.engine.models.magi.loader import MagiModel
 from workers.engine.pipeline import DiTJob
 
-__all__ = ["MagiEngine", "MagiSession", "chunk_frames"]
-
-
-def chunk_frames(chunk_width: int) -> int:
-    """Video frames the VAE makes of a chunk of `chunk_width` latent frames (MAGI1_README section 11)."""
-    return 12 * (chunk_width // 3) + {0: 0, 1: 1, 2: 8}[chunk_width % 3]
+__all__ = ["MagiEngine", "MagiSession", "magi_pool"]
 
 
 def _latents_of(block: CommittedBlock, shape: tuple[int, ...], data: bytes) -> Tensor:
@@ -191,7 +187,7 @@ class MagiSession:
             latents = _latents_of(block, block.shape, block.latents)
             carry = _latents_of(block, block.carry_shape, block.carry) if block.carry_shape else latents[:, :, :0]
             self._replay.append(ReplayChunk(block.block_index, latents, carry))
-            frames.append(chunk_frames(block.shape[0]))
+            frames.append(magi_chunk_frames(block.shape[0]))
             self._set_from(block.block_index, block.prompt or self.prompt_text)
             self.prompt_text = block.prompt or self.prompt_text
         self._replay = self._replay[-(self.session.spec.lookback_chunks + 1) :]
@@ -246,6 +242,7 @@ class MagiEngine:
             (cfg.num_layers, cfg.num_query_groups, cfg.head_dim),
             (cfg.patch_size, cfg.patch_size),
             pool,
+            device=next(dit.parameters()).device,
         )
         self.driver = None
 
@@ -284,5 +281,5 @@ class MagiEngine:
 
 def magi_pool(model: MagiModel, kv_pages: int) -> KVPool:
     """A pool of `kv_pages` pages of one latent frame at the model's default resolution."""
-    engine = MagiEngine(model)
-    return KVPool(engine.pipeline.pool_spec(model.height // 8, model.width // 8, kv_pages))
+    pipeline = MagiEngine(model).pipeline
+    return KVPool(pipeline.pool_spec(model.height // 8, model.width // 8, kv_pages, str(pipeline.device)))

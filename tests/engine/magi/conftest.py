@@ -31,12 +31,16 @@ def write_toy_tokenizer(folder: Path, vocab_size: int, texts: list[str]) -> None
     tokenizer.save(str(folder / "tokenizer.json"))
 
 
-def make_magi_folder(case: str, root: Path) -> Path:
-    """`root` laid out as a released MAGI-1 model folder holding the golden case's weights."""
+def make_magi_folder(case: str, root: Path, preset: str | None = None) -> Path:
+    """`root` laid out as a released MAGI-1 model folder holding the golden case's weights, described
+    by the reference's run config, or by a model.yaml naming `preset` (what the mesh serves)."""
     golden = GOLDEN_DIR / case
     config = json.loads((golden / "config.json").read_text())
     root.mkdir(parents=True, exist_ok=True)
-    (root / "magi_config.json").write_text(json.dumps(config["magi_config"]))
+    if preset is None:
+        (root / "magi_config.json").write_text(json.dumps(config["magi_config"]))
+    else:
+        (root / "model.yaml").write_text(f"preset: {preset}\n")
     weights = root / (
         "inference_weight.distill" if config["magi_config"]["engine_config"]["distill"] else "inference_weight"
     )
