@@ -25,7 +25,7 @@ from inferix.errors import UserError
 from inferix.profiling import profile
 from inferix.spec.blocks import CommittedBlock
 from inferix.spec.magi import magi_chunk_frames
-from workers.engine.batching import BlockBatcher
+from workers.engine.batching import BlockBatcher, default_max_tokens
 from workers.engine.chunk_pipeline import ChunkPipeline, ReplayChunk, SeededChunkNoise
 from workers.engine.engine import VideoBlock
 from workers.engine.kv.pool import KVPool, SessionUsage
@@ -252,7 +252,8 @@ class MagiEngine:
 
     def batcher(self, max_tokens: int | None = None, on_forward: Any = None) -> BlockBatcher:
         """A batcher for the worker's job loop; MAGI-1 jobs run whole, so it never calls the DiT."""
-        return BlockBatcher(self.model.dit, max_tokens, on_forward)  # type: ignore[arg-type]
+        tokens = max_tokens if max_tokens is not None else default_max_tokens(self.pipeline.device)
+        return BlockBatcher(self.model.dit, tokens, on_forward)  # type: ignore[arg-type]
 
     @property
     def denoising_steps(self) -> int:
