@@ -699,6 +699,28 @@ def stage_bench_engine(ctx: Context) -> None:
         rec.set(key, data[key])
 
 
+def stage_magi(ctx: Context) -> None:
+    """bench/magi.py: MAGI-1's chunk pipeline, seconds per chunk against the chunk's real-time budget."""
+    rec = ctx.record
+    figures = ctx.out / "bench-magi.json"
+    figures.unlink(missing_ok=True)
+    if ctx.sizes is REAL:  # the 4.5B-distill DiT at 720x720, random weights; 16 steps keep it in budget
+        args = ["--preset", "magi1-4.5b-distill", "--full", "--latent", "90x90", "--steps", "16", "--dtype", "bf16"]
+        args += ["--chunks", "3", "--modes", "distill"]
+    else:
+        args = ["--latent", "8x8", "--chunks", "2", "--modes", "distill", "--threads", "1"]
+    command = ["bench/magi.py", "--device", ctx.device, *args, "--json", str(figures)]
+    rec.command("python " + " ".join(command))
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True)
+    print(done.stdout + done.stderr)
+    rec.set("output", done.stdout.strip())
+    if done.returncode != 0:
+        raise RuntimeError(f"bench/magi.py exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    data = json.loads(figures.read_text())
+    for key in ("distill_first_chunk_s", "distill_steady_chunk_s", "video_s_per_chunk"):
+        rec.set(key, data[key])
+
+
 def _open_sessions(engine: Any, n: int, width: int, height: int, warm: bool) -> list[Any]:
     """`n` sessions; `warm`: each has made one block (kernels, allocator, and a cache to attend to)."""
     sessions = [engine.open(f"prompt {i}", width=width, height=height, seed=i, num_blocks=4) for i in range(n)]
@@ -927,6 +949,7 @@ STAGES = [
     Stage("batching", "Speed: continuous batching, N sessions per device", stage_batching, 120),
     Stage("extras", "torch.compile, CUDA graphs, fp8, NVENC", stage_extras, 45),
     Stage("pods", "Pods: 2-rank Ulysses / Ring vs one device", stage_pods, 180),
+    Stage("magi", "Speed: MAGI-1 chunk pipeline, seconds per chunk (4.5B-distill shapes)", stage_magi, 90),
 ]
 SIZES = {s.name: s for s in (REAL, TOY)}
 
@@ -1247,6 +1270,9 @@ def _speed_md(results: dict[str, Any]) -> list[str]:
     if bench.get("output"):
         lines += ["", "### bench/engine.py: paged KV pool vs the contiguous cache", "", "```", bench["output"], "```"]
     lines += _batching_md(_metrics(results, "batching"))
+    magi = _metrics(results, "magi")
+    if magi.get("output"):
+        lines += ["", "### bench/magi.py: MAGI-1 seconds per chunk", "", "```", magi["output"], "```"]
     extras = _metrics(results, "extras")
     if extras:
         lines += ["", "### If present", "", *_table(["feature", "status"], "ll")]
