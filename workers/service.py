@@ -55,9 +55,9 @@ from workers import metrics
 from workers.capacity import CapacityMeter
 from workers.engine.batching import BatchJob
 from workers.engine.engine import Engine, EngineSession, VideoBlock, shared_pool
-from workers.engine.magi_engine import MagiEngine, MagiSession, magi_pool
 from workers.engine.kv.errors import KVCapacityError
 from workers.engine.kv.pool import KVPool
+from workers.engine.magi_engine import MagiEngine, MagiSession, magi_pool
 from workers.engine.model_dir import LoadedModel
 from workers.engine.models.magi.loader import MagiModel
 from workers.engine.parallel.pod_driver import PodDriver
@@ -328,6 +328,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         """
         # Pinned: one probe session still measures the block latency and budget that are reported.
         limit = min(self.config.capacity_probe_streams, 1 if self.config.realtime_streams else 1 << 30)
+        if isinstance(self.engine, MagiEngine):  # MAGI-1 chunks run whole, one session at a time: no batch sizes
+            limit = min(limit, 1)
         began = time.perf_counter()
         n = 1
         while 0 < n <= limit and await self._probe(n):
