@@ -190,9 +190,16 @@ class ChunkPipeline:
             )
         return (height // ph) * (width // pw)
 
-    def pool_spec(self, height: int, width: int, num_pages: int, device: str = "cpu") -> KVPoolSpec:
-        """A pool of `num_pages` pages of one latent frame at this latent size."""
+    @property
+    def rank_kv_layout(self) -> tuple[int, int, int]:
+        """`kv_layout` as this rank caches it: a sequence-parallel DiT (`kv_group_split` ranks) returns and
+        reads only its share of the KV groups."""
         layers, groups, head_dim = self.kv_layout
+        return layers, groups // getattr(self.dit, "kv_group_split", 1), head_dim
+
+    def pool_spec(self, height: int, width: int, num_pages: int, device: str = "cpu") -> KVPoolSpec:
+        """A pool of `num_pages` pages of one latent frame at this latent size (this rank's KV groups)."""
+        layers, groups, head_dim = self.rank_kv_layout
         page = self.tokens_per_frame(height, width)
         return KVPoolSpec(layers, groups, head_dim, page, num_pages, device=device)
 
@@ -415,7 +422,7 @@ class ChunkSession:
     def _write_clean(self, chunk: int, fresh: list[Tensor]) -> None:
         """Cache the prepended clean chunk's K|V rows (the first `ctn` fresh rows of every layer)."""
         cw = self.spec.chunk_width
-        _, groups, head_dim = self.pipeline.kv_layout
+        _, groups, head_dim = self.pipeline.rank_kv_layout
         rows = [f[: self.ctn] for f in fresh]
         self.cache.begin(chunk * cw, cw)
         for layer, kv in enumerate(rows):

@@ -29,6 +29,7 @@ import torch
 
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig
+from workers.engine.parallel.magi import check_magi_split
 from workers.engine.parallel.plan import ParallelConfigError, ParallelPlan, candidate_plans
 
 LOG = logging.getLogger(__name__)
@@ -214,13 +215,69 @@ def choose_plan(config: ParallelConfig, world_size: int, shape: WorkloadShape) -
     return choice
 
 
+# ---- MAGI-1: Ulysses with heads split by KV group (workers.engine.parallel.magi) ----------------
+
+
+@dataclass(frozen=True)
+class MagiWorkload:
+    """The communication shape of MAGI-1 DiT forwards (one call: 1 pass distill, 3 passes cfg).
+
+    Per layer a rank sends (U-1)/U of its n tokens' q, qx (H heads each) and K|V (2G groups' worth) and
+    gets back core and cross (2H heads): (U-1) * n * (4H + 2G)/U * hd * E; the fp32 velocity is
+    all-gathered once per forward: (P-1) * n * out_channels * 4.
+    """
+
+    num_heads: int
+    kv_groups: int
+    head_dim: int
+    num_layers: int
+    tokens_per_frame: int
+    frames: int  # latent frames of all the forwards, batch elements included
+    forwards: int  # DiT passes those frames are spread over
+    out_channels: int  # values per token of the final linear (patch area x out_channels)
+    element_bytes: int  # bytes of one attention activation (2 for bf16)
+
+
+def predict_magi(ulysses: int, shape: MagiWorkload) -> CommCost:
+    """Bytes and operations of one rank under Ulysses degree `ulysses` (= the pod size: no Ring for MAGI)."""
+    check_magi_split(ulysses, shape.kv_groups, shape.tokens_per_frame)
+    u = ulysses
+    local_tokens = shape.frames * shape.tokens_per_frame // u
+    heads, groups = shape.num_heads // u, shape.kv_groups // u
+    # Summed over the forwards already: local_tokens counts the frames of all of them.
+    layer = (u - 1) * local_tokens * (4 * heads + 2 * groups) * shape.head_dim * shape.element_bytes
+    gather = (u - 1) * local_tokens * shape.out_channels * 4  # the velocity is fp32
+    return CommCost(
+        plan=ParallelPlan(u, 1),
+        ulysses_bytes=shape.num_layers * layer,
+        ring_bytes=0,
+        gather_bytes=gather,
+        operations=(shape.num_layers * 2 + 1) * shape.forwards * (u > 1),
+    )
+
+
+def choose_magi_plan(world_size: int, shape: MagiWorkload, link: LinkModel | None = None) -> PlanChoice:
+    """The MAGI-1 plan on `world_size` ranks: Ulysses U = world_size, heads split by KV group.
+
+    Raises `ParallelConfigError` when U does not divide the KV groups or the tokens of a frame.
+    """
+    link = link or LinkModel()
+    cost = predict_magi(world_size, shape)
+    choice = PlanChoice(cost.plan, cost, cost.seconds(link), [cost], {})
+    LOG.info("MAGI-1 %s [world=%d]", choice.describe(), world_size)
+    return choice
+
+
 __all__ = [
     "DEFAULT_CONTEXT_FRAMES",
     "CommCost",
     "LinkModel",
+    "MagiWorkload",
     "ParallelConfig",
     "PlanChoice",
     "WorkloadShape",
+    "choose_magi_plan",
     "choose_plan",
     "predict",
+    "predict_magi",
 ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -276,6 +276,33 @@ class _QKVProjection(nn.Module):
         self.v = nn.Linear(d, kv_size, bias=False)
 
 
+class MagiParallelHook(Protocol):
+    """What the DiT asks of sequence parallelism (`workers.engine.parallel.magi.MagiUlysses`).
+
+    Outside attention a rank holds an equal run of every latent frame's tokens; inside it, all tokens of
+    `groups` KV groups (from `first_group`) and their `heads` query heads.
+    """
+
+    heads: int
+    groups: int
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def first_group(self) -> int: ...
+
+    def check_tokens(self, tokens_per_frame: int) -> None: ...
+
+    def shard(self, rows: Tensor, frames: int) -> Tensor: ...
+
+    def unshard(self, rows: Tensor, frames: int) -> Tensor: ...
+
+    def scatter_heads(self, q: Tensor, kv: Tensor, qx: Tensor, frames: int) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def gather_heads(self, core: Tensor, cross: Tensor, frames: int) -> tuple[Tensor, Tensor]: ...
+
+
 @dataclass(frozen=True)
 class _CaptionGroup:
     """(batch element, chunk) segments with as many caption rows: one cross-attention call."""
@@ -294,6 +321,8 @@ class _Plan:
     # Self-attention: runs of consecutive chunks [j0, j1) sharing one key range [start, end).
     runs: tuple[tuple[int, int, int, int], ...]
     captions: tuple[_CaptionGroup, ...]
+    frames: int  # latent frames of x (the token layout of a sequence-parallel rank)
+    parallel: MagiParallelHook | None  # None: this process holds every token and head
 
 
 class _SelfAttention(nn.Module):
@@ -315,16 +344,25 @@ class _SelfAttention(nn.Module):
     def forward(
         self, x: Tensor, sin: Tensor, cos: Tensor, prefix: Tensor | None, y_x: Tensor, plan: _Plan
     ) -> tuple[Tensor, Tensor]:
-        """x [S, N, D] -> (linear_proj output [S, N, D] fp32, fresh K|V [S, N, G, 2*hd])."""
+        """x [S, N, D] -> (linear_proj output [S, N, D] fp32, fresh K|V [S, N, G, 2*hd]).
+
+        Sequence parallel: x holds this rank's tokens and the fresh K|V all tokens of this rank's groups.
+        """
         s, n, _ = x.shape
         a = self.linear_qkv.layer_norm(x)
         q = self._rotated(self.linear_qkv.q(a).view(s, n, self.heads, -1), self.q_layernorm, sin, cos)
         k = self._rotated(self.linear_qkv.k(a).view(s, n, self.groups, -1), self.k_layernorm, sin, cos)
         v = self.linear_qkv.v(a).view(s, n, self.groups, -1)
         kv = torch.cat([k.to(v.dtype), v], dim=-1)
-        core = self._core(q.to(v.dtype), kv, prefix, plan)
         qx = self.q_layernorm_xattn.forward_f32(self.linear_qkv.qx(a).view(s, n, self.heads, -1)).to(v.dtype)
+        q = q.to(v.dtype)
+        parallel = plan.parallel
+        if parallel is not None:  # every token of this rank's KV groups: attention below is unchanged
+            q, kv, qx = parallel.scatter_heads(q, kv, qx, plan.frames)
+        core = self._core(q, kv, prefix, plan)
         cross = self._cross(qx, y_x, plan)
+        if parallel is not None:  # back to this rank's tokens, every head: linear_proj mixes them all
+            core, cross = parallel.gather_heads(core, cross, plan.frames)
         # "sq b (n hn hd) -> sq b (hn n hd)", n=2, hn=8: the reference's TP8 interleave of core and cross.
         both = torch.cat([core, cross], dim=-1).view(s, n, 2, PROJ_GROUPS, -1).transpose(2, 3).reshape(s, n, -1)
         return _linear_f32(self.linear_proj, both), kv
@@ -360,14 +398,18 @@ class _SelfAttention(nn.Module):
         """Each (batch element, chunk) attends to its own caption rows -> [S, N, H*hd]."""
         s, n, h, hd = qx.shape
         r, ctn = plan.num_chunks, plan.chunk_tokens
-        kvx = F.linear(y_x, self.linear_kv_xattn.weight).view(y_x.shape[0], self.groups, 2 * hd)
+        weight, groups = self.linear_kv_xattn.weight, self.groups
+        if plan.parallel is not None:  # only this rank's groups (rows g*2hd.. of the projection)
+            groups = plan.parallel.groups
+            weight = weight[plan.parallel.first_group * 2 * hd : (plan.parallel.first_group + groups) * 2 * hd]
+        kvx = F.linear(y_x, weight).view(y_x.shape[0], groups, 2 * hd)
         kx = self.k_layernorm_xattn.forward_f32(kvx[..., :hd]).to(kvx.dtype)
         vx = kvx[..., hd:]
         segments = qx.view(r, ctn, n, h, hd).permute(2, 0, 3, 1, 4).reshape(n * r, h, ctn, hd)
         out = segments if len(plan.captions) == 1 else torch.empty_like(segments)
         for group in plan.captions:
             if group.rows is None:
-                k, v = kx.view(-1, group.length, self.groups, hd), vx.view(-1, group.length, self.groups, hd)
+                k, v = kx.view(-1, group.length, groups, hd), vx.view(-1, group.length, groups, hd)
             else:
                 k, v = kx[group.rows], vx[group.rows]
             q = segments if group.segments is None else segments[group.segments]
@@ -429,7 +471,8 @@ def _gated_residual(update: Tensor, residual: Tensor, gate: Tensor, post_norm: L
     """residual + LN1p(update * gate of the token's chunk), in fp32 ("sandwich": gate before the post-norm)."""
     s, n, d = update.shape
     per_chunk = gate.transpose(0, 1).unsqueeze(1)  # [R, 1, N, D]
-    gated = (update.float().view(plan.num_chunks, plan.chunk_tokens, n, d) * per_chunk).view(s, n, d)
+    # s // R, not chunk_tokens: a sequence-parallel rank holds s = R * (its run of each chunk) tokens.
+    gated = (update.float().view(plan.num_chunks, s // plan.num_chunks, n, d) * per_chunk).view(s, n, d)
     return (post_norm.forward_f32(gated) + residual.float()).to(residual.dtype)
 
 
@@ -465,6 +508,23 @@ class MagiDiT(nn.Module):
         self.rope = Rope(config.rope_bands)
         self.videodit_blocks = _Blocks(config)
         self.final_linear = _FinalLinear(config)
+        self.parallel: MagiParallelHook | None = None
+
+    def set_sequence_parallel(self, hook: MagiParallelHook | None) -> None:
+        """Run every forward on this rank's share of tokens and KV groups (None: single process).
+
+        The fresh K|V returned and the prefix expected then hold `kv_group_split`-th of the KV groups."""
+        if hook is not None and hook.groups * hook.size != self.config.num_query_groups:
+            raise ValueError(
+                f"the sequence-parallel hook splits {hook.groups * hook.size} KV groups, the model has "
+                f"{self.config.num_query_groups}"
+            )
+        self.parallel = hook
+
+    @property
+    def kv_group_split(self) -> int:
+        """Ranks the KV groups are split over (this rank's cache holds num_query_groups / it of them)."""
+        return 1 if self.parallel is None else self.parallel.size
 
     @property
     def dtype(self) -> torch.dtype:
@@ -565,11 +625,15 @@ class MagiDiT(nn.Module):
         n, _, frames, height, width = x.shape
         h2, w2 = height // cfg.patch_size, width // cfg.patch_size
         plan = self._plan(x, t, captions, kv_ranges, prefix, rope_offset_frames)
+        if capture is not None and plan.parallel is not None:
+            raise ValueError("capture is not supported under sequence parallelism (a rank holds part of each tensor)")
         tokens = self.embed(x)
         s = tokens.shape[0]
         # The grid spans the cached frames too; the current tokens are its last rows.
         sin, cos = self.rope(rope_offset_frames + frames, h2, w2)
         sin, cos = sin[-s:], cos[-s:]
+        if plan.parallel is not None:  # this rank's run of every frame (the fresh K|V come back whole)
+            tokens, sin, cos = (plan.parallel.shard(rows, frames) for rows in (tokens, sin, cos))
         condition = self.condition(t, caption_dropout, distill_dt)
         y_x = self.caption_tokens(captions)
         if capture is not None:
@@ -582,6 +646,8 @@ class MagiDiT(nn.Module):
                 capture[f"kv_fresh_l{i}"] = fresh[-1]
                 capture[f"layer{i}_out"] = tokens
         out = _linear_f32(self.final_linear.linear, self.videodit_blocks.final_layernorm.forward_f32(tokens))
+        if plan.parallel is not None:  # every rank integrates the whole velocity
+            out = plan.parallel.unshard(out, frames)
         return self._unpatchify(out, frames, h2, w2), fresh
 
     def _unpatchify(self, out: Tensor, frames: int, h2: int, w2: int) -> Tensor:
@@ -639,14 +705,23 @@ class MagiDiT(nn.Module):
         lengths = [int(rows.shape[0]) for per_b in captions for rows in per_b]
         if min(lengths) == 0:
             raise ValueError("every chunk needs at least one caption row (the null caption has 50)")
-        return _Plan(num_chunks=r, chunk_tokens=ctn, runs=tuple(runs), captions=_caption_groups(lengths, x.device))
+        if self.parallel is not None:
+            self.parallel.check_tokens((height // p) * (width // p))
+        return _Plan(
+            num_chunks=r,
+            chunk_tokens=ctn,
+            runs=tuple(runs),
+            captions=_caption_groups(lengths, x.device),
+            frames=frames,
+            parallel=self.parallel,
+        )
 
     def _check_prefix(self, prefix: Sequence[Tensor] | None) -> int:
         """Rows of the cached prefix (0 without one)."""
         if prefix is None:
             return 0
         cfg = self.config
-        shape = (cfg.num_query_groups, 2 * cfg.head_dim)
+        shape = (cfg.num_query_groups // self.kv_group_split, 2 * cfg.head_dim)
         if len(prefix) != cfg.num_layers or any(p.dim() != 3 or tuple(p.shape[1:]) != shape for p in prefix):
             raise ValueError(f"prefix must hold {cfg.num_layers} tensors [P, {shape[0]}, {shape[1]}]")
         rows = {p.shape[0] for p in prefix}
