@@ -163,3 +163,39 @@ def test_bad_folders_and_requests_get_one_line_errors(magi_distill: Path, tmp_pa
         engine.open("a red fox", width=16, height=32)
     with pytest.raises(UserError, match="at least one chunk"):
         engine.open("a red fox", num_blocks=0)
+
+
+def test_sharded_released_weights_load_and_broken_ones_are_named(magi_distill: Path, tmp_path: Path) -> None:
+    sharded = tmp_path / "sharded"
+    shutil.copytree(magi_distill, sharded)
+    folder = sharded / "inference_weight.distill"
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    names = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, keys in halves.items():
+        save_file({k: state[k] for k in keys}, str(folder / shard))
+        weight_map.update(dict.fromkeys(keys, shard))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    loaded = magi_engine(sharded).model.dit.state_dict()
+    assert all(torch.equal(loaded[k], state[k]) for k in names)
+
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(UserError, match="model-00002-of-00002.safetensors"):
+        load_engine(sharded)
+
+    missing = tmp_path / "missing"
+    shutil.copytree(magi_distill, missing)
+    shard = missing / "inference_weight.distill" / "model.safetensors"
+    save_file({k: v for k, v in state.items() if k != "final_linear.linear.weight"}, str(shard))
+    with pytest.raises(UserError, match=r"1 missing \(e.g. final_linear.linear.weight\)"):
+        load_engine(missing)
+
+    fp8 = tmp_path / "fp8"
+    shutil.copytree(magi_distill, fp8)
+    (fp8 / "inference_weight.distill").rename(fp8 / "inference_weight.fp8.distill")
+    (fp8 / "model.yaml").write_text("preset: magi1-tiny\nfiles: {dit: [inference_weight.fp8.distill]}\n")
+    (fp8 / "magi_config.json").unlink()
+    with pytest.raises(UserError, match="fp8 weights.*bf16"):
+        load_engine(fp8)
