@@ -5,6 +5,7 @@ ratio is measured side by side. Random weights; no checkpoint needed.
 
     python bench/engine.py                                  # mid-size CPU config
     python bench/engine.py --device cuda --preset wan2.1-1.3b --dtype bf16   # real 480x832 shapes
+    python bench/engine.py --device cuda --preset magi1-4.5b-distill --dtype bf16   # MAGI-1: bench/magi.py
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -20,6 +23,7 @@ from pathlib import Path
 import torch
 
 from inferix.spec.architectures import DIT_PRESETS, WanDiTConfig
+from inferix.spec.magi import magi_presets
 from inferix.spec.sampling import SamplingConfig
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, SelfAttentionCache
@@ -31,7 +35,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(DIT_PRESETS), help="real model shapes (random weights)")
+    p.add_argument(
+        "--preset",
+        choices=sorted(DIT_PRESETS) + magi_presets(),
+        help="real model shapes (random weights); a MAGI-1 preset runs bench/magi.py at 720x720",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--dim", type=int, default=384)
@@ -98,8 +106,19 @@ def run_session(
     return times
 
 
+def run_magi(args: argparse.Namespace) -> None:
+    """MAGI-1 is chunk-pipelined, not block-causal: its per-chunk latency is bench/magi.py's."""
+    command = [sys.executable, str(Path(__file__).with_name("magi.py")), "--preset", args.preset, "--full"]
+    command += ["--latent", "90x90", "--device", args.device, "--dtype", args.dtype, "--threads", str(args.threads)]
+    if args.json:
+        command += ["--json", str(args.json)]
+    raise SystemExit(subprocess.run(command).returncode)
+
+
 def main() -> None:
     args = parse_args()
+    if args.preset in magi_presets():
+        run_magi(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
