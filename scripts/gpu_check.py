@@ -676,49 +676,44 @@ def stage_kv_offload(ctx: Context) -> None:
     rec.set("raw_pinned", {"status": "ok", "d2h_gb_per_s": gb / d2h * 1e3, "h2d_gb_per_s": gb / h2d * 1e3})
 
 
+def _run_bench(ctx: Context, script: str, args: list[str], keys: tuple[str, ...]) -> None:
+    """Run a committed bench script with --json, record its printout and the figures `keys`."""
+    rec = ctx.record
+    figures = ctx.out / f"bench-{Path(script).stem}.json"
+    figures.unlink(missing_ok=True)
+    command = [script, *args, "--json", str(figures)]
+    rec.command("python " + " ".join(command))
+    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True)
+    print(done.stdout + done.stderr)
+    rec.set("output", done.stdout.strip())
+    if done.returncode != 0:
+        raise RuntimeError(f"{script} exited {done.returncode}: {done.stderr.strip()[-500:]}")
+    data = json.loads(figures.read_text())
+    for key in keys:
+        rec.set(key, data[key])
+
+
 def stage_bench_engine(ctx: Context) -> None:
     """bench/engine.py: paged KV pool vs the contiguous reference cache, as committed."""
-    rec = ctx.record
-    figures = ctx.out / "bench-engine.json"
-    figures.unlink(missing_ok=True)
     if ctx.sizes is REAL:
         args = ["--device", ctx.device, "--preset", "wan2.1-1.3b", "--dtype", "bf16", "--window", "-1", "--sink", "0"]
         args += ["--blocks", str(ctx.sizes.blocks), "--repeats", "2"]
     else:
         args = ["--device", ctx.device, "--dim", "64", "--layers", "2", "--heads", "2", "--latent", "8x8"]
         args += ["--blocks", str(ctx.sizes.blocks), "--repeats", "1", "--threads", "1"]
-    command = ["bench/engine.py", *args, "--json", str(figures)]
-    rec.command("python " + " ".join(command))
-    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True)
-    print(done.stdout + done.stderr)
-    rec.set("output", done.stdout.strip())
-    if done.returncode != 0:
-        raise RuntimeError(f"bench/engine.py exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    data = json.loads(figures.read_text())
-    for key in ("paged", "contiguous", "time_paged_over_contiguous", "kv_memory_paged_over_contiguous"):
-        rec.set(key, data[key])
+    keys = ("paged", "contiguous", "time_paged_over_contiguous", "kv_memory_paged_over_contiguous")
+    _run_bench(ctx, "bench/engine.py", args, keys)
 
 
 def stage_magi(ctx: Context) -> None:
     """bench/magi.py: MAGI-1's chunk pipeline, seconds per chunk against the chunk's real-time budget."""
-    rec = ctx.record
-    figures = ctx.out / "bench-magi.json"
-    figures.unlink(missing_ok=True)
     if ctx.sizes is REAL:  # the 4.5B-distill DiT at 720x720, random weights; 16 steps keep it in budget
         args = ["--preset", "magi1-4.5b-distill", "--full", "--latent", "90x90", "--steps", "16", "--dtype", "bf16"]
         args += ["--chunks", "3", "--modes", "distill"]
     else:
         args = ["--latent", "8x8", "--chunks", "2", "--modes", "distill", "--threads", "1"]
-    command = ["bench/magi.py", "--device", ctx.device, *args, "--json", str(figures)]
-    rec.command("python " + " ".join(command))
-    done = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True)
-    print(done.stdout + done.stderr)
-    rec.set("output", done.stdout.strip())
-    if done.returncode != 0:
-        raise RuntimeError(f"bench/magi.py exited {done.returncode}: {done.stderr.strip()[-500:]}")
-    data = json.loads(figures.read_text())
-    for key in ("distill_first_chunk_s", "distill_steady_chunk_s", "video_s_per_chunk"):
-        rec.set(key, data[key])
+    keys = ("distill_first_chunk_s", "distill_steady_chunk_s", "video_s_per_chunk")
+    _run_bench(ctx, "bench/magi.py", ["--device", ctx.device, *args], keys)
 
 
 def _open_sessions(engine: Any, n: int, width: int, height: int, warm: bool) -> list[Any]:
