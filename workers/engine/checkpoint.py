@@ -384,21 +384,26 @@ def read_wan_folder(folder: str | Path) -> tuple[StateDict, dict[str, Any]]:
         raise CheckpointError(f"{config_path} must hold a JSON object of DiT hyper-parameters")
     index_path = folder / WAN_INDEX
     if index_path.is_file():
-        try:
-            weight_map = json.loads(index_path.read_text())["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError(f"cannot read the shard index {index_path}: {exc}") from exc
-        state: StateDict = {}
-        for shard in shards:
-            state.update(read_state_dict(folder / shard, "DiT shard", f"It is listed in {index_path}."))
-        absent = sorted(set(weight_map) - set(state))
-        if absent:
-            raise CheckpointError(f"{index_path} lists tensors its shards lack: {_listed(absent)}")
-        return state, config
+        return read_sharded(index_path, "DiT shard"), config
     if (folder / WAN_WEIGHTS).is_file():
         return read_state_dict(folder / WAN_WEIGHTS, "DiT weights"), config
     raise CheckpointError(f"DiT folder {folder} has neither {WAN_WEIGHTS} nor {WAN_INDEX}")
+
+
+def read_sharded(index_path: Path, what: str = "shard") -> StateDict:
+    """Every tensor of the shards an HF ``*.index.json`` lists, checked against its weight map."""
+    try:
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"cannot read the shard index {index_path}: {exc}") from exc
+    state: StateDict = {}
+    for shard in shards:
+        state.update(read_state_dict(index_path.parent / shard, what, f"It is listed in {index_path}."))
+    absent = sorted(set(weight_map) - set(state))
+    if absent:
+        raise CheckpointError(f"{index_path} lists tensors its shards lack: {_listed(absent)}")
+    return state
 
 
 # config.json spellings of the diffusers WanTransformer3DModel -> our WanDiTConfig fields

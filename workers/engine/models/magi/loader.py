@@ -17,18 +17,15 @@ Errors name the file and what is missing.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import safe_open
-from torch import Tensor
 
 from inferix.errors import UserError
 from inferix.spec.magi import MagiPreset, is_magi_preset, load_magi_preset
 from inferix.spec.presets import read_yaml
+from workers.engine.checkpoint import StateDict, load_into, read_sharded, read_state_dict
 from workers.engine.models.magi.captions import SpecialTokens, load_special_tokens
 from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
 from workers.engine.models.magi.t5 import MagiTokenizer, T5Encoder, load_t5
@@ -98,72 +95,39 @@ def magi_preset_of(root: Path) -> MagiPreset:
     return MagiPreset.from_reference(config, root.name, str(path))
 
 
-def _shards(folder: Path) -> list[Path]:
-    index = folder / _INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, json.JSONDecodeError, KeyError) as exc:
-            raise UserError(f"cannot read the shard index {index}: {exc}") from exc
-        names = sorted(set(weight_map.values()))
-        missing = [n for n in names if not (folder / n).is_file()]
-        if missing:
-            raise UserError(f"{index} lists shard(s) that are missing: {', '.join(missing[:3])}; download them again")
-        return [folder / n for n in names]
-    shards = sorted(folder.glob("*.safetensors"))
-    if not shards:
-        raise UserError(f"the DiT folder {folder} holds no .safetensors files (and no {_INDEX})")
-    return shards
-
-
-def _tensors(shards: list[Path]) -> Iterator[tuple[str, Tensor]]:
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield key, f.get_tensor(key)
-
-
-def load_magi_dit(folder: Path, config: MagiDiTConfig, dtype: torch.dtype, device: str | torch.device) -> MagiDiT:
-    """The DiT of a released weight folder (or one .safetensors file)."""
-    if ".fp8" in folder.name:
+def _dit_state(path: Path) -> StateDict:
+    """The DiT tensors of a released weight folder (shards + index, or one file), or of one file."""
+    if path.is_file():
+        return read_state_dict(path, "MAGI-1 DiT weights")
+    if (path / _INDEX).is_file():
+        return read_sharded(path / _INDEX, "MAGI-1 DiT shard")
+    files = sorted(path.glob("*.safetensors"))
+    if len(files) != 1:
         raise UserError(
-            f"{folder} holds MAGI-1's fp8 weights, which need fp8 linear layers with smooth scales that this "
+            f"the DiT folder {path} holds {len(files)} .safetensors files and no {_INDEX}: "
+            "give the released folder with its index, or one weights file"
+        )
+    return read_state_dict(files[0], "MAGI-1 DiT weights")
+
+
+def load_magi_dit(path: Path, config: MagiDiTConfig, dtype: torch.dtype, device: str | torch.device) -> MagiDiT:
+    """The DiT of a released weight folder (or one .safetensors file), built on meta and assigned."""
+    if ".fp8" in path.name:
+        raise UserError(
+            f"{path} holds MAGI-1's fp8 weights, which need fp8 linear layers with smooth scales that this "
             "engine does not run yet; use the bf16 weights (inference_weight or inference_weight.distill)"
         )
-    shards = [folder] if folder.is_file() else _shards(folder)
-    with torch.device("meta"):
-        model = MagiDiT(config)
-    expected = dict(model.state_dict())
-    state: dict[str, Any] = {}
-    for key, tensor in _tensors(shards):
+    state = _dit_state(path)
+    for key, tensor in state.items():
         if key in _WAN_MARKERS:
             raise UserError(
-                f"{folder} holds Wan weights ({key}), not MAGI-1's: a model folder holds one family; "
+                f"{path} holds Wan weights ({key}), not MAGI-1's: a model folder holds one family; "
                 "put the MAGI-1 DiT there, or point model.yaml at the right preset"
             )
         if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            raise UserError(f"{folder}: {key} is fp8; fp8 MAGI-1 weights are not supported yet (use the bf16 ones)")
-        state[key] = tensor.to(dtype=dtype, device=device)
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
-        raise UserError(
-            f"the DiT weights in {folder} do not fit the MAGI-1 config: {'; '.join(parts)}; "
-            "check that the folder and the preset are the same variant (4.5B / 24B, distill / base)"
-        )
-    for key, tensor in state.items():
-        if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise UserError(
-                f"{folder}: {key} has shape {list(tensor.shape)}, the config expects {list(expected[key].shape)}; "
-                "check that the preset matches the weights"
-            )
-    model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+            raise UserError(f"{path}: {key} is fp8; fp8 MAGI-1 weights are not supported yet (use the bf16 ones)")
+    hint = "check that the folder and the preset are the same variant (4.5B / 24B, distill / base)"
+    return load_into(lambda: MagiDiT(config), state, path, dtype=dtype, device=device, what="MAGI-1 DiT", hint=hint)
 
 
 def _required(root: Path, relative: str, what: str) -> Path:

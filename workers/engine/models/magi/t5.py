@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inferix.errors import CheckpointError, UserError
-from workers.engine.checkpoint import StateDict, load_into, read_state_dict
+from workers.engine.checkpoint import StateDict, load_into, read_sharded, read_state_dict
 from workers.engine.models.wan.text_encoder import relative_position_buckets
 from workers.engine.models.wan.tokenizer import load_tokenizer_backend
 
@@ -304,28 +304,13 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return content
 
 
-def _read_shards(index_path: Path) -> StateDict:
-    """All tensors of the shards listed in an HF ``*.index.json``, checked against its weight map."""
-    try:
-        weight_map = _read_json(index_path, "T5 shard index")["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise CheckpointError(f"{index_path} is not an HF shard index (no weight_map of name -> file)") from exc
-    state: StateDict = {}
-    for shard in shards:
-        state.update(read_state_dict(index_path.parent / shard, "T5 shard", f"It is listed in {index_path}."))
-    absent = sorted(set(weight_map) - set(state))
-    if absent:
-        raise CheckpointError(f"{index_path} lists {len(absent)} tensors its shards lack, e.g. {absent[:4]}")
-    return state
-
-
 def _read_weights(folder: Path) -> tuple[StateDict, Path]:
     """(state dict, the file or index it came from) of an HF model folder."""
     for name in (SAFETENSORS_INDEX, SAFETENSORS_FILE, TORCH_INDEX, TORCH_FILE):
         path = folder / name
         if path.is_file():
-            state = _read_shards(path) if name.endswith(".index.json") else read_state_dict(path, "T5 weights")
+            is_index = name.endswith(".index.json")
+            state = read_sharded(path, "T5 shard") if is_index else read_state_dict(path, "T5 weights")
             return state, path
     raise CheckpointError(
         f"T5 folder {folder} holds no weights; looked for {SAFETENSORS_INDEX}, {SAFETENSORS_FILE}, "
