@@ -83,8 +83,6 @@ def main() -> None:
     config = MagiDiTConfig.from_reference(model_config)
     dit = random_dit(config, device, dtype)
     height, width = (int(v) for v in args.latent.split("x"))
-    null = torch.randn(50, config.caption_channels, device=device, dtype=dtype)
-    layout = (config.num_layers, config.num_query_groups, config.head_dim)
     figures: dict[str, object] = {
         "preset": args.preset,
         "full": args.full,
@@ -100,7 +98,7 @@ def main() -> None:
             continue
         distill = cfg_number == 1
         sampling = dataclasses.replace(preset.sampling, num_steps=args.steps, cfg_number=cfg_number, distill=distill)
-        pipeline = ChunkPipeline(dit, sampling, null, layout, (config.patch_size, config.patch_size))
+        pipeline = ChunkPipeline(dit, sampling)
         seconds = chunk_seconds(pipeline, height, width, args.chunks, device)
         steady[mode] = statistics.median(seconds[1:])
         figures[f"{mode}_first_chunk_s"] = seconds[0]

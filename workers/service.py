@@ -57,7 +57,7 @@ from workers.engine.batching import BatchJob
 from workers.engine.engine import Engine, EngineSession, VideoBlock, shared_pool
 from workers.engine.kv.errors import KVCapacityError
 from workers.engine.kv.pool import KVPool
-from workers.engine.magi_engine import MagiEngine, MagiSession, magi_pool
+from workers.engine.magi_engine import MagiEngine, MagiSession
 from workers.engine.model_dir import LoadedModel
 from workers.engine.models.magi.loader import MagiModel
 from workers.engine.parallel.pod_driver import PodDriver
@@ -112,7 +112,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         if isinstance(model, MagiModel):
             if driver is not None:
                 raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
-            self.engine = MagiEngine(model, magi_pool(model, config.kv_pages))
+            self.engine = MagiEngine(model, kv_pages=config.kv_pages)
         elif driver is None:
             self.engine = Engine(model, shared_pool(model, config.kv_pages))
         else:  # the pod's pool was built on every rank with the pod (rank 0's shard here)

@@ -32,6 +32,8 @@ from inferix.errors import UserError
 from inferix.profiling import profile
 from inferix.spec.magi import MagiSampling
 from workers.engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
+from workers.engine.models.magi.captions import null_rows, valid_rows
+from workers.engine.models.magi.dit import MagiDiT
 from workers.engine.models.magi.schedule import (
     ForwardCall,
     WindowSpec,
@@ -39,12 +41,12 @@ from workers.engine.models.magi.schedule import (
     distill_dt,
     magi_timesteps,
     stage_calls,
+    window_spec,
 )
 from workers.engine.noise import INITIAL_STEP, draw_seed
 
 __all__ = [
     "CallRecord",
-    "ChunkDiT",
     "ChunkOutput",
     "ChunkPipeline",
     "ChunkSession",
@@ -52,22 +54,6 @@ __all__ = [
     "ReplayChunk",
     "SeededChunkNoise",
 ]
-
-
-class ChunkDiT(Protocol):
-    """What the pipeline needs of the MAGI-1 DiT (`MagiDiT.forward`)."""
-
-    def __call__(
-        self,
-        x: Tensor,
-        t: Tensor,
-        captions: Sequence[Sequence[Tensor]],
-        kv_ranges: Sequence[tuple[int, int]],
-        prefix: Sequence[Tensor] | None,
-        rope_offset_frames: int,
-        caption_dropout: bool,
-        distill_dt: float | None,
-    ) -> tuple[Tensor, list[Tensor]]: ...
 
 
 class ChunkNoise(Protocol):
@@ -133,7 +119,7 @@ class CallRecord:
 
 
 LATENT_CHANNELS = 16  # MAGI-1's VAE latent (the 24B DiT doubles it inside: half_channel_vae)
-CaptionRows = Callable[[int], Tensor]
+CaptionRows = Callable[[int], Tensor]  # chunk -> its valid caption rows [rows, caption_channels]
 
 
 @dataclass
@@ -146,56 +132,45 @@ class _CallInputs:
     captions: list[Tensor]
     ranges: list[tuple[int, int]]
     prefix: list[Tensor] | None
-    first_cached: int  # chunk -> its valid caption rows [rows, caption_channels]
+    first_cached: int
 
 
 class ChunkPipeline:
     """The DiT, the schedule and the KV pool shared by a worker's MAGI-1 sessions."""
 
-    def __init__(
-        self,
-        dit: ChunkDiT,
-        sampling: MagiSampling,
-        null_rows: Tensor,
-        kv_layout: tuple[int, int, int],
-        patch: tuple[int, int],
-        pool: KVPool | None = None,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        """`null_rows`: the valid rows of the null caption; `kv_layout`: (layers, kv groups, head dim);
-        `patch`: the DiT's spatial patch (h, w); `device`: the DiT's (latents live there; noise and the
-        schedule are computed on the CPU, the same on every machine)."""
+    def __init__(self, dit: MagiDiT, sampling: MagiSampling, pool: KVPool | None = None) -> None:
+        """Latents live on the DiT's device; noise and the schedule are computed on the CPU, the same on
+        every machine."""
         self.dit = dit
-        self.device = torch.device(device)
+        config = dit.config
+        self.device = next(dit.parameters()).device
         self.sampling = sampling
-        self.null_rows = null_rows
-        self.kv_layout = kv_layout
-        self.patch = patch
+        null, mask = null_rows(dit.y_embedder.null_caption_embedding.detach())
+        self.null_rows = valid_rows(null, mask)  # every chunk's caption when the text is dropped
+        self.kv_layout = (config.num_layers, config.num_query_groups, config.head_dim)
+        self.patch = config.patch_size
         self.pool = pool
         self.timesteps = magi_timesteps(sampling.num_steps)
         self.latent_channels = LATENT_CHANNELS
 
     def window(self, num_chunks: int | None) -> WindowSpec:
-        s = self.sampling
-        return WindowSpec(
-            s.chunk_width, s.window_size, s.num_steps, s.noise2clean_kvrange, s.clean_chunk_kvrange, num_chunks
-        )
+        return window_spec(self.sampling, num_chunks)
 
     def tokens_per_frame(self, height: int, width: int) -> int:
-        ph, pw = self.patch
-        if height % ph or width % pw or height // ph < 2 or width // pw < 2:
+        p = self.patch
+        if height % p or width % p or height // p < 2 or width // p < 2:
             raise UserError(
-                f"latent size {height}x{width} must be multiples of the patch {ph}x{pw} with at least 2 patches "
+                f"latent size {height}x{width} must be multiples of the patch {p}x{p} with at least 2 patches "
                 "per side (MAGI-1's RoPE needs 2); pick a larger resolution"
             )
-        return (height // ph) * (width // pw)
+        return (height // p) * (width // p)
 
     @property
     def rank_kv_layout(self) -> tuple[int, int, int]:
         """`kv_layout` as this rank caches it: a sequence-parallel DiT (`kv_group_split` ranks) returns and
         reads only its share of the KV groups."""
         layers, groups, head_dim = self.kv_layout
-        return layers, groups // getattr(self.dit, "kv_group_split", 1), head_dim
+        return layers, groups // self.dit.kv_group_split, head_dim
 
     def pool_spec(self, height: int, width: int, num_pages: int, device: str = "cpu") -> KVPoolSpec:
         """A pool of `num_pages` pages of one latent frame at this latent size (this rank's KV groups)."""

@@ -13,7 +13,7 @@ import torch
 
 from workers.engine.checkpoint import parse_dtype
 from workers.engine.engine import Engine
-from workers.engine.magi_engine import MagiEngine, magi_pool
+from workers.engine.magi_engine import MagiEngine
 from workers.engine.model_dir import builtin_model_name
 from workers.engine.models.magi.loader import is_magi_folder, load_magi_model
 
@@ -43,4 +43,4 @@ def load_engine(
     if folder is None:
         return Engine.load(model, dtype=dtype, device=device, attention_backend=attention_backend, kv_pages=kv_pages)
     loaded = load_magi_model(folder, parse_dtype(dtype), device)
-    return MagiEngine(loaded, None if kv_pages is None else magi_pool(loaded, kv_pages))
+    return MagiEngine(loaded, kv_pages=kv_pages)

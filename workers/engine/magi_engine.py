@@ -29,12 +29,12 @@ from workers.engine.batching import BlockBatcher, default_max_tokens
 from workers.engine.chunk_pipeline import ChunkPipeline, ReplayChunk, SeededChunkNoise
 from workers.engine.engine import VideoBlock
 from workers.engine.kv.pool import KVPool, SessionUsage
-from workers.engine.models.magi.captions import caption_rows, null_rows, valid_rows
+from workers.engine.models.magi.captions import caption_rows, valid_rows
 from workers.engine.models.magi.clean_caption import clean_prompt
 from workers.engine.models.magi.loader import MagiModel
 from workers.engine.pipeline import DiTJob
 
-__all__ = ["MagiEngine", "MagiSession", "magi_pool"]
+__all__ = ["MagiEngine", "MagiSession"]
 
 
 def _latents_of(block: CommittedBlock, shape: tuple[int, ...], data: bytes) -> Tensor:
@@ -62,7 +62,7 @@ class MagiSession:
         session_id: str,
     ) -> None:
         model = engine.model
-        factor = 8 * engine.pipeline.patch[0]
+        factor = 8 * engine.pipeline.patch
         if width % factor or height % factor or width <= 0 or height <= 0:
             raise UserError(f"resolution {width}x{height} must be positive multiples of {factor} (e.g. 720x720)")
         if num_blocks is not None and num_blocks < 1:
@@ -230,21 +230,16 @@ class MagiSession:
 class MagiEngine:
     """A loaded MAGI-1 plus its chunk pipeline and KV pool."""
 
-    def __init__(self, model: MagiModel, pool: KVPool | None = None) -> None:
+    def __init__(self, model: MagiModel, pool: KVPool | None = None, kv_pages: int | None = None) -> None:
+        """Sessions share `pool`, or a pool of `kv_pages` pages of one latent frame at the model's native
+        resolution (what a worker holds); with neither, each session sizes its own."""
+        if pool is not None and kv_pages is not None:
+            raise ValueError("pass pool or kv_pages, not both")
         self.model = model
-        dit = model.dit
-        cfg = dit.config
-        null, mask = null_rows(dit.y_embedder.null_caption_embedding.detach())
-        self.pipeline = ChunkPipeline(
-            dit,
-            model.preset.sampling,
-            valid_rows(null, mask),
-            (cfg.num_layers, cfg.num_query_groups, cfg.head_dim),
-            (cfg.patch_size, cfg.patch_size),
-            pool,
-            device=next(dit.parameters()).device,
-        )
-        self.driver = None
+        self.pipeline = ChunkPipeline(model.dit, model.preset.sampling, pool)
+        if kv_pages is not None:
+            spec = self.pipeline.pool_spec(model.height // 8, model.width // 8, kv_pages, str(self.pipeline.device))
+            self.pipeline.pool = KVPool(spec)
 
     @property
     def pool(self) -> KVPool | None:
@@ -254,10 +249,6 @@ class MagiEngine:
         """A batcher for the worker's job loop; MAGI-1 jobs run whole, so it never calls the DiT."""
         tokens = max_tokens if max_tokens is not None else default_max_tokens(self.pipeline.device)
         return BlockBatcher(self.model.dit, tokens, on_forward)  # type: ignore[arg-type]
-
-    @property
-    def denoising_steps(self) -> int:
-        return self.model.preset.sampling.num_steps // self.model.preset.sampling.window_size
 
     def open(
         self,
@@ -278,9 +269,3 @@ class MagiEngine:
             num_blocks,
             session_id or uuid.uuid4().hex,
         )
-
-
-def magi_pool(model: MagiModel, kv_pages: int) -> KVPool:
-    """A pool of `kv_pages` pages of one latent frame at the model's default resolution."""
-    pipeline = MagiEngine(model).pipeline
-    return KVPool(pipeline.pool_spec(model.height // 8, model.width // 8, kv_pages, str(pipeline.device)))

@@ -29,7 +29,14 @@ from workers.engine.chunk_pipeline import CallRecord, ChunkPipeline, RecordedChu
 from workers.engine.golden import Comparison as Result
 from workers.engine.models.magi.captions import caption_rows, load_special_tokens, null_rows, valid_rows
 from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
-from workers.engine.models.magi.schedule import ForwardCall, WindowSpec, distill_dt, magi_timesteps, stage_calls
+from workers.engine.models.magi.schedule import (
+    ForwardCall,
+    WindowSpec,
+    distill_dt,
+    magi_timesteps,
+    stage_calls,
+    window_spec,
+)
 from workers.engine.models.magi.t5 import T5Config, T5Encoder
 from workers.engine.models.magi.vae import MagiVAEDecoder, ViTVAEConfig
 
@@ -103,24 +110,14 @@ class MagiCase:
         return rows[mask.bool()]
 
     def null_rows(self) -> Tensor:
+        """The null caption's valid rows by the README's rule (its first 50), apart from `valid_rows`."""
         return null_rows(self.tensors("dit")["y_embedder.null_caption_embedding"])[0][:50]
 
     def window(self) -> WindowSpec:
-        s = self.sampling
-        return WindowSpec(
-            s.chunk_width, s.window_size, s.num_steps, s.noise2clean_kvrange, s.clean_chunk_kvrange, self.chunk_num
-        )
+        return window_spec(self.sampling, self.chunk_num)
 
     def pipeline(self) -> ChunkPipeline:
-        dit = self.dit()
-        cfg = dit.config
-        return ChunkPipeline(
-            dit,
-            self.sampling,
-            self.null_rows(),
-            (cfg.num_layers, cfg.num_query_groups, cfg.head_dim),
-            (cfg.patch_size, cfg.patch_size),
-        )
+        return ChunkPipeline(self.dit(), self.sampling)
 
 
 def _diff(a: Tensor, b: Tensor) -> float:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from inferix.errors import UserError
+from inferix.spec.magi import MagiSampling
 
 # shortcut_mode "8,16,16": the 12-step schedule reuses three offsets of a 4-step one.
 _SHORTCUT_OFFSETS = (0.0, 0.125, 0.1875)
@@ -89,6 +90,14 @@ class WindowSpec:
             return self.clean_chunk_kvrange
         per = self.num_steps / len(self.noise2clean_kvrange)
         return self.noise2clean_kvrange[int(step // per)]
+
+
+def window_spec(sampling: MagiSampling, num_chunks: int | None) -> WindowSpec:
+    """The window of a run of `num_chunks` chunks (None: endless) with these sampling settings."""
+    s = sampling
+    return WindowSpec(
+        s.chunk_width, s.window_size, s.num_steps, s.noise2clean_kvrange, s.clean_chunk_kvrange, num_chunks
+    )
 
 
 @dataclass(frozen=True)
