@@ -103,7 +103,7 @@ def main() -> None:
         steady[mode] = statistics.median(seconds[1:])
         figures[f"{mode}_first_chunk_s"] = seconds[0]
         figures[f"{mode}_steady_chunk_s"] = steady[mode]
-    video_s = magi_chunk_frames(preset.sampling.chunk_width) / preset.video.fps
+    video_s = magi_chunk_frames(preset.sampling) / preset.video.fps
     print(f"{args.preset} {'full' if args.full else 'scaled-down'} DiT, latent {args.latent}, {args.steps} steps, "
           f"window {preset.sampling.window_size}, {args.device} {args.dtype}")  # fmt: skip
     for mode, value in steady.items():

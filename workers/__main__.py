@@ -112,7 +112,7 @@ def main() -> None:
     from workers.engine.checkpoint import parse_dtype
     from workers.engine.families import magi_folder
     from workers.engine.model_dir import load_model
-    from workers.engine.models.magi.loader import load_magi_model
+    from workers.engine.models.magi.loader import load_magi_model, magi_preset_of
     from workers.pod import run_worker_pod
 
     # The format run_server uses; set here already so that start-up (the pod's plan) is logged too.
@@ -130,13 +130,12 @@ def main() -> None:
         if magi is not None:
             if pod:
                 raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
-            model = load_magi_model(magi, parse_dtype(dtype), args.device)
-            if not is_magi_preset(model.name):
+            if not is_magi_preset(magi_preset_of(magi).name):  # checked before minutes of loading
                 raise UserError(
                     f"{magi}: the mesh knows models by preset name; write model.yaml with 'preset: <name>' "
                     f"(one of {', '.join(magi_presets())}) instead of a bare run config to serve it"
                 )
-            serve(args, model)
+            serve(args, load_magi_model(magi, parse_dtype(dtype), args.device))
         elif pod:
             run_worker_pod(args, dtype, lambda model, driver: serve(args, model, driver))
         else:

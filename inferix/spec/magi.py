@@ -28,6 +28,7 @@ __all__ = [
     "magi_chunk_frames",
     "magi_presets",
     "magi_session_shape",
+    "tiled_frames",
 ]
 
 
@@ -168,9 +169,21 @@ def load_any_preset(name: str) -> AnyPreset:
     return load_magi_preset(name) if is_magi_preset(name) else load_preset(name)
 
 
-def magi_chunk_frames(chunk_width: int) -> int:
-    """Video frames the VAE makes of a chunk of `chunk_width` latent frames (MAGI1_README section 11)."""
-    return 12 * (chunk_width // 3) + {0: 0, 1: 1, 2: 8}[chunk_width % 3]
+def tiled_frames(latent_frames: int, tile_latent_frames: int, temporal_factor: int) -> int:
+    """Video frames MAGI-1's VAE makes of `latent_frames`: temporal tiles of `tile_latent_frames`
+    decoded alone, a tile of one latent frame giving one video frame (MAGI1_README section 11)."""
+
+    def tile(frames: int) -> int:
+        return 1 if frames == 1 else frames * temporal_factor
+
+    full, rest = divmod(latent_frames, tile_latent_frames)
+    return full * tile(tile_latent_frames) + (tile(rest) if rest else 0)
+
+
+def magi_chunk_frames(sampling: MagiSampling) -> int:
+    """Video frames of one chunk: the VAE tiles time by half a second (`fps // 2` video frames)."""
+    factor = sampling.temporal_downsample_factor
+    return tiled_frames(sampling.chunk_width, (sampling.fps // 2) // factor, factor)
 
 
 def magi_session_shape(preset: MagiPreset, width: int, height: int, num_blocks: int | None) -> SessionShape:
@@ -214,7 +227,7 @@ def magi_session_shape(preset: MagiPreset, width: int, height: int, num_blocks: 
         cache_frames=frames,
         pages=frames * pages_per_frame,
         frames_per_block=sampling.chunk_width,
-        video_frames_per_block=magi_chunk_frames(sampling.chunk_width),
+        video_frames_per_block=magi_chunk_frames(sampling),
     )
 
 

@@ -24,7 +24,6 @@ from torch import Tensor
 from inferix.errors import UserError
 from inferix.profiling import profile
 from inferix.spec.blocks import CommittedBlock
-from inferix.spec.magi import magi_chunk_frames
 from workers.engine.batching import BlockBatcher, default_max_tokens
 from workers.engine.chunk_pipeline import ChunkPipeline, ReplayChunk, SeededChunkNoise
 from workers.engine.engine import VideoBlock
@@ -37,7 +36,7 @@ from workers.engine.pipeline import DiTJob
 __all__ = ["MagiEngine", "MagiSession"]
 
 
-def _latents_of(block: CommittedBlock, shape: tuple[int, ...], data: bytes) -> Tensor:
+def _latents_of(shape: tuple[int, ...], data: bytes) -> Tensor:
     """Stored [frames, C, h, w] float32 -> the pipeline's [1, C, frames, h, w]."""
     array = np.frombuffer(data, dtype="<f4").reshape(shape)
     return torch.from_numpy(array.copy()).permute(1, 0, 2, 3).unsqueeze(0)
@@ -94,11 +93,14 @@ class MagiSession:
         return self._embeds[text]
 
     def _set_from(self, chunk: int, text: str) -> None:
+        """`text` is the prompt of `chunk` and after (a restore re-states it per chunk: kept once)."""
         self._encode(text)
-        self._prompts = [(c, p) for c, p in self._prompts if c < chunk] + [(chunk, text)]
+        self._prompts = [(c, p) for c, p in self._prompts if c < chunk]
+        if not self._prompts or self._prompts[-1][1] != text:
+            self._prompts.append((chunk, text))
 
     def _caption(self, chunk: int) -> Tensor:
-        text = next(p for c, p in reversed(self._prompts) if c <= chunk)
+        text = self._prompt_of(chunk)
         key = (text, chunk if self.num_chunks is not None else -1)
         if key not in self._rows:
             embeds, mask = self._embeds[text]
@@ -179,17 +181,17 @@ class MagiSession:
             self._replay, self.next_frame = [], 0
         frames = []
         for block in committed:
-            if not block.carry_shape and block.block_index + 1 < (self.num_chunks or block.block_index + 2):
+            if not block.carry_shape:  # every MAGI-1 chunk has one, if only of 0 frames (the last chunk)
                 raise UserError(
                     f"committed chunk {block.block_index} has no carry: it was not made by a MAGI-1 session "
                     "(a session cannot change model family)"
                 )
-            latents = _latents_of(block, block.shape, block.latents)
-            carry = _latents_of(block, block.carry_shape, block.carry) if block.carry_shape else latents[:, :, :0]
+            latents = _latents_of(block.shape, block.latents)
+            carry = _latents_of(block.carry_shape, block.carry)
             self._replay.append(ReplayChunk(block.block_index, latents, carry))
-            frames.append(magi_chunk_frames(block.shape[0]))
-            self._set_from(block.block_index, block.prompt or self.prompt_text)
-            self.prompt_text = block.prompt or self.prompt_text
+            frames.append(self.model.vae.config.pixel_frames(block.shape[0]))
+            self._set_from(block.block_index, block.prompt)
+            self.prompt_text = block.prompt
         self._replay = self._replay[-(self.session.spec.lookback_chunks + 1) :]
         self.next_frame += sum(frames)
         if self._replay:
@@ -202,7 +204,7 @@ class MagiSession:
 
     @torch.no_grad()
     def redecode(self, block: CommittedBlock, state: Any) -> np.ndarray:
-        return self.model.vae.decode_chunk(_latents_of(block, block.shape, block.latents))
+        return self.model.vae.decode_chunk(_latents_of(block.shape, block.latents))
 
     def close(self) -> None:
         self.session.cache.pool.close_session(self.session.session_id)

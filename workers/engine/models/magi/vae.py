@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inferix.errors import CheckpointError, UserError
+from inferix.spec.magi import tiled_frames
 from workers.engine.checkpoint import load_into, read_state_dict
 
 __all__ = [
@@ -168,11 +169,7 @@ class ViTVAEConfig:
 
     def pixel_frames(self, latent_frames: int) -> int:
         """Frames `MagiVAEDecoder.tiled_decode` makes from ``latent_frames`` (3 -> 12, 4 -> 13, 2 -> 8)."""
-        full, rest = divmod(latent_frames, self.tile_latent_frames)
-        return full * self._tile_frames(self.tile_latent_frames) + (self._tile_frames(rest) if rest else 0)
-
-    def _tile_frames(self, latent_frames: int) -> int:
-        return 1 if latent_frames == 1 else latent_frames * self.patch_length
+        return tiled_frames(latent_frames, self.tile_latent_frames, self.patch_length)
 
 
 def _check_flags(ddconfig: Mapping[str, Any]) -> None:
