@@ -25,10 +25,12 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from inferix.spec.magi import MagiSampling
+from workers.engine.checkpoint import load_into
 from workers.engine.chunk_pipeline import CallRecord, ChunkPipeline, RecordedChunkNoise
 from workers.engine.golden import Comparison as Result
 from workers.engine.models.magi.captions import caption_rows, load_special_tokens, null_rows, valid_rows
 from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
+from workers.engine.models.magi.loader import load_magi_dit
 from workers.engine.models.magi.schedule import (
     ForwardCall,
     WindowSpec,
@@ -37,8 +39,8 @@ from workers.engine.models.magi.schedule import (
     stage_calls,
     window_spec,
 )
-from workers.engine.models.magi.t5 import T5Config, T5Encoder
-from workers.engine.models.magi.vae import MagiVAEDecoder, ViTVAEConfig
+from workers.engine.models.magi.t5 import T5Config, T5Encoder, normalize_t5_state_dict
+from workers.engine.models.magi.vae import MagiVAEDecoder, ViTVAEConfig, load_magi_vae
 
 __all__ = ["MagiCase", "is_magi_case", "verify_magi_case"]
 
@@ -83,25 +85,16 @@ class MagiCase:
 
     def dit(self) -> MagiDiT:
         config = MagiDiTConfig.from_reference(self.config["magi_config"]["model_config"])
-        with torch.device("meta"):
-            model = MagiDiT(config)
-        model.load_state_dict(self.tensors("dit"), strict=True, assign=True)
-        return model.eval()
+        return load_magi_dit(self.folder / "dit.safetensors", config, torch.float32, "cpu")
 
     def t5(self) -> T5Encoder:
-        with torch.device("meta"):
-            model = T5Encoder(T5Config.from_hf(self.config["t5_config"]))
-        state = dict(self.tensors("t5"))
-        state.setdefault("encoder.embed_tokens.weight", state["shared.weight"])
-        model.load_state_dict(state, strict=False, assign=True)
-        return model.eval()
+        config = T5Config.from_hf(self.config["t5_config"])
+        state = normalize_t5_state_dict(dict(self.tensors("t5")))
+        return load_into(lambda: T5Encoder(config), state, self.folder / "t5.safetensors", what="T5 encoder")
 
     def vae(self) -> MagiVAEDecoder:
-        vae_config = ViTVAEConfig.from_ddconfig(self.config["vae_config"]["ddconfig"])
-        with torch.device("meta"):
-            model = MagiVAEDecoder(vae_config)
-        model.load_state_dict(self.tensors("vae"), strict=True, assign=True)
-        return model.eval()
+        config = ViTVAEConfig.from_ddconfig(self.config["vae_config"]["ddconfig"])
+        return load_magi_vae(self.folder / "vae.safetensors", config)
 
     def caption(self, chunk: int) -> Tensor:
         """Chunk `chunk`'s valid caption rows as the reference fed them (inputs.safetensors)."""
