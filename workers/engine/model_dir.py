@@ -35,6 +35,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from inferix.errors import UserError
 from inferix.spec.architectures import PatchVAEConfig
+from inferix.spec.magi import AnyPreset
 from inferix.spec.presets import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -87,8 +88,30 @@ class ModelDirectory:
     tokenizer: Path
 
 
+class PresetDefaults:
+    """A loaded model's name, frame rate and native size, read from its preset (any family)."""
+
+    preset: AnyPreset
+
+    @property
+    def name(self) -> str:
+        return self.preset.name
+
+    @property
+    def fps(self) -> int:
+        return self.preset.video.fps
+
+    @property
+    def height(self) -> int:
+        return self.preset.video.height
+
+    @property
+    def width(self) -> int:
+        return self.preset.video.width
+
+
 @dataclass
-class LoadedModel:
+class LoadedModel(PresetDefaults):
     """Everything a generation needs, loaded in one dtype on one device."""
 
     preset: ModelPreset
@@ -98,24 +121,8 @@ class LoadedModel:
     source: Path | None  # the model folder; None for built-in random weights
 
     @property
-    def name(self) -> str:
-        return self.preset.name
-
-    @property
     def pipeline_config(self) -> PipelineConfig:
         return self.preset.pipeline
-
-    @property
-    def fps(self) -> int:
-        return self.preset.fps
-
-    @property
-    def height(self) -> int:
-        return self.preset.video.height
-
-    @property
-    def width(self) -> int:
-        return self.preset.video.width
 
 
 def _file_presets() -> list[ModelPreset]:

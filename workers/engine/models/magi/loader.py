@@ -26,6 +26,7 @@ from inferix.errors import UserError
 from inferix.spec.magi import MagiPreset, is_magi_preset, load_magi_preset
 from inferix.spec.presets import read_yaml
 from workers.engine.checkpoint import StateDict, load_into, read_sharded, read_state_dict
+from workers.engine.model_dir import PresetDefaults
 from workers.engine.models.magi.captions import SpecialTokens, load_special_tokens
 from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
 from workers.engine.models.magi.t5 import MagiTokenizer, T5Encoder, load_t5
@@ -40,7 +41,7 @@ _WAN_MARKERS = ("blocks.0.self_attn.q.weight", "patch_embedding.weight", "model.
 
 
 @dataclass
-class MagiModel:
+class MagiModel(PresetDefaults):
     """A loaded MAGI-1: DiT, T5 + tokenizer, special caption tokens and the VAE decoder."""
 
     preset: MagiPreset
@@ -50,22 +51,6 @@ class MagiModel:
     special: SpecialTokens
     vae: MagiVAEDecoder
     source: Path
-
-    @property
-    def name(self) -> str:
-        return self.preset.name
-
-    @property
-    def fps(self) -> int:
-        return self.preset.video.fps
-
-    @property
-    def height(self) -> int:
-        return self.preset.video.height
-
-    @property
-    def width(self) -> int:
-        return self.preset.video.width
 
 
 def is_magi_folder(root: Path) -> bool:
