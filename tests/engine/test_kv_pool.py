@@ -198,3 +198,76 @@ def test_pages_smaller_than_a_frame() -> None:
     assert cache.frames == [0, 3, 4] and len(cache.pages) == 6
     k, _ = cache.layer_kv(0)
     assert k[::2, 0, 0].tolist() == [0, 0, 3, 3, 4, 4]
+
+
+def gathered_attention(cache, layer: int, q: torch.Tensor) -> torch.Tensor:
+    """Attention over the cached frames gathered in frame order (the layout before the ring)."""
+    k, v = cache.layer_kv(layer)
+    return AttentionBackend().dense(q, k.unsqueeze(0), v.unsqueeze(0))
+
+
+def test_a_rolling_window_is_read_as_one_view_of_its_ring() -> None:
+    """Window 7 / sink 1 / blocks of 3: once the ring is full, attention reads every page in place."""
+    torch.manual_seed(0)
+    pool = make_pool()
+    other = pool.open_session("o", TOKENS)
+    write(other, 0, 2)  # the ring starts after another session's pages
+    cache = pool.open_session("s", TOKENS, window_frames=7, sink_frames=1)
+    backend = AttentionBackend()
+    for block in range(6):
+        cache.begin(3 * block, 3)
+        q, k, v = (torch.randn(1, 3 * TOKENS, 2, 4) for _ in range(3))
+        out = cache.attend(0, q, k, v, backend)
+        torch.testing.assert_close(out, gathered_attention(cache, 0, q), rtol=0, atol=1e-6)
+        pages = cache.layer_pages(0)[2].tolist()
+        assert pages == list(range(pages[0], pages[0] + len(pages)))  # one run: a view, no gather
+    assert cache.frames == [0, 12, 13, 14, 15, 16, 17]
+    assert pool.usage().used_pages == 2 + 7
+
+
+def test_a_frames_ring_slot_depends_only_on_its_index() -> None:
+    """A session rebuilt from its first frame reads its frames in the same order: same bits."""
+    torch.manual_seed(0)
+    pool = make_pool(pages=20)
+    live = pool.open_session("live", TOKENS, window_frames=5, sink_frames=1)
+    for block in range(5):
+        write(live, 2 * block, 2, marker=0.5)
+    replayed = pool.open_session("replayed", TOKENS, window_frames=5, sink_frames=1)
+    write(replayed, 0, 1, marker=0.5)
+    for block in range(5):  # other block sizes, same frames
+        write(replayed, 1 + 2 * block, 2 if block < 4 else 1, marker=0.5)
+    assert replayed.frames == live.frames == [0, 6, 7, 8, 9]
+    q = torch.randn(1, 2 * TOKENS, 2, 4)
+    for cache in (live, replayed):
+        cache.begin(10, 2)
+    k, v = frame_kv([10, 11])
+    outs = [cache.attend(1, q, k, v, AttentionBackend()) for cache in (live, replayed)]
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_a_block_longer_than_the_rolling_window_is_refused_intact() -> None:
+    pool = make_pool()
+    cache = pool.open_session("s", TOKENS, window_frames=4, sink_frames=1)
+    write(cache, 0, 2)
+    with pytest.raises(KVCapacityError, match="writes 4 frames at once.*keeps 3 frames after its 1 sink"):
+        cache.begin(2, 4)
+    assert cached_frames(cache) == [0, 1]
+
+
+def test_a_ring_survives_the_host_round_trip() -> None:
+    pool = make_pool(host_pages=8)
+    cache = pool.open_session("s", TOKENS, window_frames=5, sink_frames=2)
+    for block in range(4):
+        write(cache, 2 * block, 2)
+    before = [cache.layer_kv(layer) for layer in range(2)]
+    cache.offload()
+    assert pool.usage().used_pages == 0
+    write(pool.open_session("o", TOKENS), 0, 1)  # the ring comes back elsewhere
+    write(cache, 8, 2)
+    assert cached_frames(cache) == [0, 1, 7, 8, 9]
+    cache.offload()
+    cache.restore()
+    for layer in range(2):
+        k, _ = cache.layer_kv(layer)
+        assert torch.equal(k[: 2 * TOKENS], before[layer][0][: 2 * TOKENS])  # the sink, moved intact
+    assert cache.usage().device_pages == 5

@@ -2,13 +2,22 @@
 
 Layout: one K and one V tensor of shape [num_layers, num_pages, page_size, heads, head_dim].
 A page id names the same slot in every layer (as in vLLM), so a session's page table is one
-list of ids. By default a page holds the tokens of one latent frame, which makes the sliding
-window with attention sink a page-table edit: dropping the oldest non-sink frame frees its
-pages; nothing is shifted.
+list of ids. By default a page holds the tokens of one latent frame.
 
-Fetching: when a session's pages form one ascending run the attention reads a view of the
-pool (range fetch, no copy); otherwise it gathers the pages by id (index fetch), or hands the
-page list to a backend with a native paged kernel.
+Sliding windows live in a ring. A windowed session takes its whole window's pages at its first
+block, as one run of consecutive ids when the pool has one, and gives each frame a fixed slot:
+the sink frames the first slots, every later frame `sink + (frame - sink) mod (window - sink)`.
+A new frame overwrites the slot of the frame it evicts, so nothing is shifted, copied or
+re-allocated as the window rolls. Attention reads the held slots in slot order: softmax
+attention over an unmasked cache does not depend on the order of its keys (RoPE is applied
+before caching), so once the window is full (or while it fills from its first slot) the read is
+one view of the pool, whatever the frames' logical order. A frame's slot depends only on its
+index, so every path that holds the same frames (a replay after a crash, a batched forward)
+reads them in the same order and computes the same bits.
+
+Fetching: when the pages attention reads form one ascending run it reads a view of the pool
+(range fetch, no copy); otherwise it gathers the pages by id (index fetch), or hands the page
+list to a backend with a native paged kernel.
 """
 
 from __future__ import annotations
@@ -292,7 +301,10 @@ class PagedSessionCache:
         self.window_frames = window_frames
         self.sink_frames = sink_frames
         self.frames: list[int] = []  # absolute latent frame of each cached frame, ascending
-        self.pages: list[int] = []  # device page ids, frame-major
+        self.pages: list[int] = []  # device page ids of those frames, frame-major
+        # A windowed session's ring: its device pages, slot-major (None until its first block).
+        self._ring: list[int] | None = None
+        self._first_frame = 0  # the session's first frame: the sink starts there
         self.position_offset = 0  # a cached key's RoPE time position is its frame minus this
         self.peak_pages = 0
         self._tier: Literal["device", "host"] = "device"
@@ -349,9 +361,10 @@ class PagedSessionCache:
             pool.v[layer].index_copy_(0, self._write_ids, v_pages.to(pool.v.dtype))
 
     def layer_pages(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-        """The pool's K and V pages of `layer` and this session's page ids, in frame order."""
+        """The pool's K and V pages of `layer` and this session's page ids, in the order attention
+        reads them (frame order; slot order for a windowed session)."""
         if self._page_ids is None:
-            self._page_ids = self._ids(self.pages)
+            self._page_ids = self._ids(self._read_pages())
         return self.pool.k[layer], self.pool.v[layer], self._page_ids
 
     # ---- RoPE re-basing -------------------------------------------------------------------
@@ -383,23 +396,12 @@ class PagedSessionCache:
     # ---- table edits ----------------------------------------------------------------------
     def _append(self, new_frames: list[int]) -> list[int]:
         with self.pool._lock:
+            if self.window_frames is not None:
+                return self._append_to_ring(new_frames, self.window_frames)
             return self._append_locked(new_frames)
 
     def _append_locked(self, new_frames: list[int]) -> list[int]:
-        evict = 0
-        if self.window_frames is not None:
-            evict = max(0, len(self.frames) + len(new_frames) - self.window_frames)
         need = len(new_frames) * self.pages_per_frame
-        # Check capacity before editing anything: a failed append leaves the session intact.
-        if self.pool.free_pages + evict * self.pages_per_frame < need:
-            raise KVCapacityError(
-                f"KV pool out of pages: session {self.session_id!r} needs {need} page(s) for frames "
-                f"{new_frames[0]}..{new_frames[-1]}, {self.pool.free_pages} of "
-                f"{self.pool.spec.num_pages} free; finish or offload other sessions, shorten the "
-                f"attention window, or give the pool more pages"
-            )
-        if evict:
-            self._evict(evict)
         pages = self.pool.allocate(need, for_session=self.session_id)
         self.frames.extend(new_frames)
         self.pages.extend(pages)
@@ -407,33 +409,73 @@ class PagedSessionCache:
         self._table_changed()
         return pages
 
-    def _evict(self, count: int) -> None:
-        """Drop the `count` oldest frames after the sink (their pages return to the pool)."""
+    def _append_to_ring(self, new_frames: list[int], window: int) -> list[int]:
+        """Give the new frames their ring slots, evicting the frames that held them."""
+        first = new_frames[0] if not self.frames else self._first_frame
+        sink_end = first + self.sink_frames
+        rolling = window - self.sink_frames
+        if sum(f >= sink_end for f in new_frames) > rolling:
+            raise KVCapacityError(
+                f"session {self.session_id!r} writes {len(new_frames)} frames at once but its attention window "
+                f"keeps {rolling} frames after its {self.sink_frames} sink frame(s); use blocks of at most "
+                f"{rolling} frames or a longer window"
+            )
+        if self._ring is None:  # before any edit: a full pool leaves the session as it was
+            self._ring = self.pool.allocate(window * self.pages_per_frame, for_session=self.session_id)
+            self.peak_pages = max(self.peak_pages, len(self._ring))
+        self._first_frame = first
+        # The ring keeps the sink and the last `rolling` frame indices: the rest give up their slots.
+        oldest_kept = new_frames[-1] - rolling + 1
+        self.frames = [f for f in self.frames if f < sink_end or f >= oldest_kept] + new_frames
+        self._table_changed()
+        return self._pages_of(new_frames)
+
+    def _slot(self, frame: int) -> int:
+        offset = frame - self._first_frame
+        if offset < self.sink_frames:
+            return offset
+        assert self.window_frames is not None
+        return self.sink_frames + (offset - self.sink_frames) % (self.window_frames - self.sink_frames)
+
+    def _slot_pages(self, slot: int) -> list[int]:
+        assert self._ring is not None
         ppf = self.pages_per_frame
-        lo, hi = self.sink_frames, self.sink_frames + count
-        freed = self.pages[lo * ppf : hi * ppf]
-        del self.frames[lo:hi]
-        del self.pages[lo * ppf : hi * ppf]
-        self.pool.release(freed)
+        return self._ring[slot * ppf : (slot + 1) * ppf]
+
+    def _pages_of(self, frames: list[int]) -> list[int]:
+        return [page for frame in frames for page in self._slot_pages(self._slot(frame))]
+
+    def _read_pages(self) -> list[int]:
+        """The pages attention reads, in its order: frame order, or slot order in a ring."""
+        if self._ring is None:
+            return self.pages
+        return [page for slot in sorted(map(self._slot, self.frames)) for page in self._slot_pages(slot)]
 
     def drop(self) -> None:
         """Forget every cached frame (device and host); the session can be rebuilt by recompute."""
-        self.pool.release(self.pages)
+        self.pool.release(self._device_pages())
         if self._host is not None:
             self.pool._unreserve_host(self._host[0].shape[1])
         self._host = None
         self._tier = "device"
-        self.frames, self.pages = [], []
+        self.frames, self.pages, self._ring = [], [], None
         self.position_offset = 0
         self._table_changed()
+
+    def _device_pages(self) -> list[int]:
+        """Every device page the session holds (a ring's unused slots included)."""
+        return self._ring if self._ring is not None else self.pages
 
     def _ids(self, pages: list[int]) -> Tensor:
         return torch.tensor(pages, dtype=torch.long, device=self.pool.k.device)
 
     def _table_changed(self) -> None:
+        if self._ring is not None:
+            self.pages = self._pages_of(self.frames)
+        read = self._read_pages()
         self._page_ids = None
-        self._table_run = _as_run(self.pages)
-        self._table_ids = None if self._table_run else self._ids(self.pages)
+        self._table_run = _as_run(read)
+        self._table_ids = None if self._table_run else self._ids(read)
 
     # ---- host tier ------------------------------------------------------------------------
     @property
@@ -465,9 +507,9 @@ class PagedSessionCache:
                 )
                 event = torch.cuda.Event()
                 event.record(pool._copy_stream)
-        pool._release_after(event, self.pages)
+        pool._release_after(event, self._device_pages())
         self._host = host
-        self.pages = []
+        self.pages, self._ring = [], None
         self._tier = "host"
         self._table_changed()
 
@@ -478,7 +520,12 @@ class PagedSessionCache:
         assert self._host is not None
         pool = self.pool
         host_k, host_v = self._host
-        pages = pool.allocate(host_k.shape[1], for_session=self.session_id)
+        host_pages = host_k.shape[1]
+        if self.window_frames is not None:
+            self._ring = pool.allocate(self.window_frames * self.pages_per_frame, for_session=self.session_id)
+            pages = self._pages_of(self.frames)
+        else:
+            pages = pool.allocate(host_pages, for_session=self.session_id)
         ids = self._ids(pages)
         if pool._copy_stream is None:
             pool.k.index_copy_(1, ids, host_k)
@@ -490,7 +537,7 @@ class PagedSessionCache:
                 pool.v.index_copy_(1, ids, host_v.to(pool.v.device, non_blocking=True))
                 self._ready = torch.cuda.Event()
                 self._ready.record(pool._copy_stream)
-        pool._unreserve_host(len(pages))
+        pool._unreserve_host(host_pages)
         self._host = None
         self.pages = pages
         self._tier = "device"
@@ -507,7 +554,7 @@ class PagedSessionCache:
             session_id=self.session_id,
             tier=self.tier,
             frames=tuple(self.frames),
-            device_pages=len(self.pages),
+            device_pages=len(self._device_pages()),
             host_pages=host_pages,
             peak_device_pages=self.peak_pages,
             page_bytes=self.pool.spec.page_bytes,
