@@ -11,13 +11,14 @@ ratio is measured side by side. Random weights; no checkpoint needed.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -31,6 +32,22 @@ from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.noise import SeededNoise
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MODES = ("eager", "compiled")
+CACHES = ("paged", "contiguous")
+
+
+def _names(allowed: Iterable[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma list of names out of `allowed`, order kept."""
+    choices = list(allowed)
+
+    def parse(text: str) -> list[str]:
+        names = [n for n in text.split(",") if n]
+        wrong = [n for n in names if n not in choices]
+        if wrong or not names:
+            raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(choices)}; got {text!r}")
+        return names
+
+    return parse
 
 
 def parse_args() -> argparse.Namespace:
@@ -41,7 +58,12 @@ def parse_args() -> argparse.Namespace:
         help="real model shapes (random weights); a MAGI-1 preset runs bench/magi.py at 720x720",
     )
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="MAGI-1 presets only (bench/magi.py)")
+    p.add_argument(
+        "--dtypes", type=_names(DTYPES), default=["fp32", "bf16"], help="comma list of weight dtypes to compare"
+    )
+    p.add_argument("--modes", type=_names(MODES), default=["eager"], help="comma list of: eager, compiled")
+    p.add_argument("--caches", type=_names(CACHES), default=list(CACHES), help="comma list of: paged, contiguous")
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=6)
@@ -115,6 +137,34 @@ def run_magi(args: argparse.Namespace) -> None:
     raise SystemExit(subprocess.run(command).returncode)
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One way of running the same block loop: weights' dtype, eager or compiled, which KV cache."""
+
+    dtype: str
+    mode: str
+    cache: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.dtype} {self.mode} {self.cache}"
+
+
+def phase_means(runs: list[list[tuple[float, float]]], fill_blocks: int) -> dict[str, float]:
+    """Median over repeats of the mean block time (denoise + context pass) of each phase.
+
+    The fill phase is the blocks whose frames still fit the window (block 0, with no context yet,
+    included); the rolling phase the blocks that evict frames.
+    """
+    phases = {"fill": slice(0, fill_blocks), "rolling": slice(fill_blocks, None)}
+    out = {}
+    for phase, blocks in phases.items():
+        means = [statistics.mean(d + c for d, c in run[blocks]) for run in runs if run[blocks]]
+        if means:
+            out[phase] = statistics.median(means)
+    return out
+
+
 def main() -> None:
     args = parse_args()
     if args.preset in magi_presets():
@@ -122,38 +172,32 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    dtype = DTYPES[args.dtype]
     if args.preset:
         args.latent = "60x104"
     lat_h, lat_w = (int(v) for v in args.latent.split("x"))
     config = model_config(args)
     torch.manual_seed(0)
     with device:  # initialised where it runs: no CPU init and copy of a real-size model
-        dit = CausalWanDiT(config)
-    dit = dit.to(dtype=dtype).eval()
+        reference = CausalWanDiT(config)
+    dits = {name: copy.deepcopy(reference).to(dtype=DTYPES[name]).eval() for name in args.dtypes}
+    runners = {(name, "eager"): dit for name, dit in dits.items()}
     tokens = config.tokens_per_frame(lat_h, lat_w)
     nf = args.frames_per_block
     windowed = args.window != -1
     total_frames = args.blocks * nf
     cache_frames = args.window if windowed else total_frames
+    fill_blocks = min(args.blocks, cache_frames // nf) if windowed else args.blocks
     shape = (1, nf, config.in_dim, lat_h, lat_w)
 
-    pool = KVPool(
-        KVPoolSpec(config.num_layers, config.num_heads, config.head_dim, tokens, cache_frames, dtype, str(device))
-    )
+    def paged(dtype: torch.dtype) -> tuple[SelfAttentionCache, Callable[[], int]]:
+        spec = KVPoolSpec(
+            config.num_layers, config.num_heads, config.head_dim, tokens, cache_frames, dtype, str(device)
+        )
+        pool = KVPool(spec)
+        cache = pool.open_session("bench", tokens, args.window if windowed else None, args.sink if windowed else 0)
+        return cache, lambda: cache.usage().peak_device_pages * spec.page_bytes
 
-    def paged() -> tuple[SelfAttentionCache, Callable[[], int]]:
-        session_id = f"s{time.perf_counter_ns()}"
-        cache = pool.open_session(session_id, tokens, args.window if windowed else None, args.sink if windowed else 0)
-
-        def finish() -> int:
-            peak = cache.usage().peak_device_pages * pool.spec.page_bytes
-            pool.close_session(session_id)
-            return peak
-
-        return cache, finish
-
-    def contiguous() -> tuple[SelfAttentionCache, Callable[[], int]]:
+    def contiguous(dtype: torch.dtype) -> tuple[SelfAttentionCache, Callable[[], int]]:
         cache = ContiguousKVCache(
             config.num_layers,
             config.num_heads,
@@ -167,47 +211,62 @@ def main() -> None:
         )
         return cache, lambda: cache.nbytes
 
+    factories = {"paged": paged, "contiguous": contiguous}
+    variants = [Variant(d, m, c) for d in args.dtypes for m in args.modes for c in args.caches]
     print(
         f"DiT dim={config.dim} layers={config.num_layers} heads={config.num_heads} | latent {lat_h}x{lat_w} "
-        f"({tokens} tokens/frame) | {args.blocks} blocks x {nf} frames | {args.steps} steps | "
-        f"window={args.window} sink={args.sink} | {device} {args.dtype}"
+        f"({tokens} tokens/frame) | {args.blocks} blocks x {nf} frames ({fill_blocks} filling the window) | "
+        f"{args.steps} steps | window={args.window} sink={args.sink} | {device} | {args.repeats} repeats, interleaved"
     )
-    results: dict[str, list[list[tuple[float, float]]]] = {"paged": [], "contiguous": []}
-    kv_bytes: dict[str, int] = {}
+    results: dict[Variant, list[list[tuple[float, float]]]] = {v: [] for v in variants}
+    kv_bytes: dict[Variant, int] = {}
     with torch.no_grad():
-        run_session(dit, contiguous()[0], replace_blocks(args, 1), shape)  # warm-up
+        for variant in variants:  # warm-up: one block of each (allocator, kernels; compiled graphs)
+            run_session(
+                runners[variant.dtype, variant.mode],
+                factories[variant.cache](DTYPES[variant.dtype])[0],
+                replace_blocks(args, 1),
+                shape,
+            )
         for _ in range(args.repeats):
-            for name, factory in (("paged", paged), ("contiguous", contiguous)):
-                cache, finish = factory()
-                results[name].append(run_session(dit, cache, args, shape))
-                kv_bytes[name] = finish()
+            for variant in variants:
+                cache, kv_size = factories[variant.cache](DTYPES[variant.dtype])
+                results[variant].append(run_session(runners[variant.dtype, variant.mode], cache, args, shape))
+                kv_bytes[variant] = kv_size()
 
-    def per_block(name: str, which: int | None) -> float:
-        # Median over repeats of the mean block time; block 0 (no context yet) included.
-        runs = [[d + c if which is None else (d, c)[which] for d, c in run] for run in results[name]]
-        return statistics.median(statistics.mean(run) for run in runs)
+    figures = {v: phase_means(results[v], fill_blocks) for v in variants}
+    print(f"{'variant':<26}{'fill ms/block':>14}{'rolling ms/block':>18}{'KV MiB/session':>16}")
+    for v in variants:
+        fill, rolling = (f"{figures[v][p] * 1e3:.1f}" if p in figures[v] else "-" for p in ("fill", "rolling"))
+        print(f"{v.name:<26}{fill:>14}{rolling:>18}{kv_bytes[v] / 2**20:>16.2f}")
 
-    print(f"{'cache':<12}{'block ms':>10}{'denoise ms':>12}{'context ms':>12}{'KV MiB/session':>16}")
-    for name in ("paged", "contiguous"):
-        print(
-            f"{name:<12}{per_block(name, None) * 1e3:>10.1f}{per_block(name, 0) * 1e3:>12.1f}"
-            f"{per_block(name, 1) * 1e3:>12.1f}{kv_bytes[name] / 2**20:>16.2f}"
-        )
-    time_ratio = per_block("paged", None) / per_block("contiguous", None)
-    mem_ratio = kv_bytes["paged"] / kv_bytes["contiguous"]
-    print(f"paged/contiguous: time {time_ratio:.3f}x  KV memory {mem_ratio:.3f}x")
+    ratios: dict[str, float] = {}
+
+    def ratio(label: str, num: Variant, den: Variant) -> None:
+        for phase in ("fill", "rolling"):
+            if num in figures and den in figures and phase in figures[num] and phase in figures[den]:
+                ratios[f"{label} ({phase})"] = figures[num][phase] / figures[den][phase]
+
+    for d in args.dtypes:
+        for m in args.modes:
+            ratio(f"paged/contiguous {d} {m}", Variant(d, m, "paged"), Variant(d, m, "contiguous"))
+    base_dtype, base_mode = args.dtypes[0], args.modes[0]
+    for m in args.modes:
+        for d in args.dtypes[1:]:
+            ratio(f"{d} speed-up over {base_dtype} {m} paged", Variant(base_dtype, m, "paged"), Variant(d, m, "paged"))
+    for d in args.dtypes:
+        for m in args.modes[1:]:
+            ratio(f"{m} speed-up over {base_mode} {d} paged", Variant(d, base_mode, "paged"), Variant(d, m, "paged"))
+    for label, value in ratios.items():
+        print(f"{label:<46}{value:.3f}x")
     if args.json:
-        figures = {
-            name: {
-                "block_ms": per_block(name, None) * 1e3,
-                "denoise_ms": per_block(name, 0) * 1e3,
-                "context_ms": per_block(name, 1) * 1e3,
-                "kv_mib_per_session": kv_bytes[name] / 2**20,
-            }
-            for name in ("paged", "contiguous")
+        out = {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "ms_per_block": {v.name: {p: t * 1e3 for p, t in figures[v].items()} for v in variants},
+            "kv_mib_per_session": {v.name: kv_bytes[v] / 2**20 for v in variants},
+            "ratios": ratios,
         }
-        ratios = {"time_paged_over_contiguous": time_ratio, "kv_memory_paged_over_contiguous": mem_ratio}
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **figures, **ratios}))
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 def replace_blocks(args: argparse.Namespace, blocks: int) -> argparse.Namespace:

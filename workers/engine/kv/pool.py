@@ -310,6 +310,7 @@ class PagedSessionCache:
         self._tier: Literal["device", "host"] = "device"
         self._host: tuple[Tensor, Tensor] | None = None
         self._ready: torch.cuda.Event | None = None
+        self._write: list[int] = []  # the pages `begin` prepared, in the call's frame order
         self._write_ids: Tensor | None = None
         self._write_run: tuple[int, int] | None = None
         self._table_ids: Tensor | None = None
@@ -332,6 +333,7 @@ class PagedSessionCache:
                 f"session {self.session_id!r} wrote frames {new[0]}..{new[-1]} but holds frames "
                 f"{self.frames[0]}..{self.frames[-1]}: write the next frames or rewrite the last ones"
             )
+        self._write = write
         self._write_run = _as_run(write)
         self._write_ids = None if self._write_run else self._ids(write)
 
@@ -360,11 +362,15 @@ class PagedSessionCache:
             pool.k[layer].index_copy_(0, self._write_ids, k_pages.to(pool.k.dtype))
             pool.v[layer].index_copy_(0, self._write_ids, v_pages.to(pool.v.dtype))
 
+    def write_pages(self) -> list[int]:
+        """The pages the last `begin` prepared for the call's K/V, in the order of its frames."""
+        return self._write
+
     def layer_pages(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         """The pool's K and V pages of `layer` and this session's page ids, in the order attention
         reads them (frame order; slot order for a windowed session)."""
         if self._page_ids is None:
-            self._page_ids = self._ids(self._read_pages())
+            self._page_ids = self._ids(self.read_pages())
         return self.pool.k[layer], self.pool.v[layer], self._page_ids
 
     # ---- RoPE re-basing -------------------------------------------------------------------
@@ -445,7 +451,7 @@ class PagedSessionCache:
     def _pages_of(self, frames: list[int]) -> list[int]:
         return [page for frame in frames for page in self._slot_pages(self._slot(frame))]
 
-    def _read_pages(self) -> list[int]:
+    def read_pages(self) -> list[int]:
         """The pages attention reads, in its order: frame order, or slot order in a ring."""
         if self._ring is None:
             return self.pages
@@ -472,7 +478,7 @@ class PagedSessionCache:
     def _table_changed(self) -> None:
         if self._ring is not None:
             self.pages = self._pages_of(self.frames)
-        read = self._read_pages()
+        read = self.read_pages()
         self._page_ids = None
         self._table_run = _as_run(read)
         self._table_ids = None if self._table_run else self._ids(read)
