@@ -93,6 +93,20 @@ def parse_args() -> argparse.Namespace:
         help="claim N real-time streams per resolution for admission instead of the measured number "
         "(e.g. to leave headroom; 0: measured, the default)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        default=env("INFERIX_COMPILE", "") == "1",
+        help="compile the DiT step with torch.compile and warm it up at the native resolution before serving "
+        "(minutes more start-up; Wan-family models on one device; env INFERIX_COMPILE=1)",
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        default=env("INFERIX_CUDA_GRAPHS", "") == "1",
+        help="replay the DiT step from CUDA graphs captured at the native resolution before serving "
+        "(Wan-family models on one CUDA device, without --compile; env INFERIX_CUDA_GRAPHS=1)",
+    )
     add_parallel_arguments(parser)
     return parser.parse_args()
 
@@ -137,6 +151,10 @@ def main() -> None:
                 )
             serve(args, load_magi_model(magi, parse_dtype(dtype), args.device))
         elif pod:
+            if args.compile or args.cuda_graphs:
+                raise UserError(
+                    "--compile / --cuda-graphs: a sequence-parallel pod runs its DiT eagerly; start it without them"
+                )
             run_worker_pod(args, dtype, lambda model, driver: serve(args, model, driver))
         else:
             serve(args, load_model(args.model, dtype=dtype, device=args.device))
@@ -158,6 +176,8 @@ def serve(args: argparse.Namespace, model: LoadedModel | MagiModel, driver: PodD
         max_batch_tokens=args.max_batch_tokens,
         capacity_probe_streams=args.capacity_probe,
         realtime_streams=args.realtime_streams,
+        compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
     )
     options = ServerOptions.from_args(args)
     stop = asyncio.Event()

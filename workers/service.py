@@ -84,6 +84,10 @@ class WorkerConfig:
     capacity_probe_streams: int = 8
     # Claim this many real-time streams per resolution instead of the measured number (0: measured).
     realtime_streams: int = 0
+    # Compile the DiT step (torch.compile) and warm it up at the native resolution before serving.
+    compile: bool = False
+    # Replay the DiT step from CUDA graphs captured at the native resolution before serving.
+    cuda_graphs: bool = False
 
 
 class BlockOutOfOrder(Exception):
@@ -117,6 +121,18 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             self.engine = Engine(model, shared_pool(model, config.kv_pages))
         else:  # the pod's pool was built on every rank with the pod (rank 0's shard here)
             self.engine = Engine(model, driver=driver)
+        if config.compile and config.cuda_graphs:
+            raise UserError("--cuda-graphs: Wan-family models without --compile (choose one of the two)")
+        if config.compile:
+            if not isinstance(self.engine, Engine):
+                raise UserError("--compile: MAGI-1 runs eagerly (Wan-family models compile)")
+            warm = self.engine.compile()  # before the capacity probe, which then measures compiled blocks
+            log.info("compiled the DiT step: %d graph(s) in %.1f s", warm.graphs, warm.seconds)
+        if config.cuda_graphs:
+            if not isinstance(self.engine, Engine):
+                raise UserError("--cuda-graphs: Wan-family models only (MAGI-1 runs eagerly)")
+            warm = self.engine.use_cuda_graphs()
+            log.info("captured the DiT step's CUDA graphs in %.1f s", warm.seconds)
         pool = self.engine.pool
         assert pool is not None
         self.pool: KVPool = pool

@@ -71,6 +71,17 @@ def register(subparsers: Any) -> None:
         help="workers measure their real-time capacity with up to N probe sessions at startup (0: none; default 8)",
     )
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="workers compile their DiT step with torch.compile and warm it up before they serve (minutes more "
+        "start-up; Wan-family models, one device per worker)",
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="workers replay their DiT step from CUDA graphs captured before they serve (CUDA devices only)",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=None,
@@ -131,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         lookahead=args.lookahead,
         realtime_streams=args.realtime_streams,
         capacity_probe=args.capacity_probe,
+        compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
         http_port=args.http_port,
         rtmp=args.rtmp,
         env={INTERNAL_TOKEN_ENV: token} if token else {},

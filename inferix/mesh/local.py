@@ -35,6 +35,7 @@ from inferix.viewer_token import SECRET_ENV
 
 log = logging.getLogger("inferix.serve")
 WORKER_REGISTRATION_TIMEOUT_S = 180.0  # a worker loads its model, then probes its capacity, then registers
+COMPILE_WARM_UP_S = 900.0  # more for a worker started with --compile (inductor on a CPU: minutes)
 
 
 @dataclass
@@ -55,6 +56,10 @@ class MeshConfig:
     capacity_probe: int = 8
     # Workers claim this many real-time streams instead of the measured number (0: measured).
     realtime_streams: int = 0
+    # Workers compile their DiT step (torch.compile) and warm it up before they listen.
+    compile: bool = False
+    # Workers replay their DiT step from CUDA graphs captured before they listen.
+    cuda_graphs: bool = False
     metrics: bool = True
     heartbeat_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
@@ -147,6 +152,10 @@ def _launch_worker(
     if config.worker_threads:
         args += ["--threads", str(config.worker_threads)]
     args += ["--capacity-probe", str(config.capacity_probe), "--realtime-streams", str(config.realtime_streams)]
+    if config.compile:
+        args.append("--compile")
+    if config.cuda_graphs:
+        args.append("--cuda-graphs")
     module = "workers"
     if config.ranks_per_worker > 1:
         # A pod: torchrun starts the ranks, rank 0 writes the port file and is stopped first (inferix/mesh/launch.py).
@@ -154,7 +163,8 @@ def _launch_worker(
         args = ["--standalone", "--nnodes", "1", "--nproc-per-node", ranks, "--max-restarts", "0", "-m", module, *args]
         module = "torch.distributed.run"
     # A worker listens once its model is loaded: longer than the control plane's start-up.
-    return _launch(config, name, module, args, 0, metrics_port, append_log, timeout=180)
+    timeout = 180 + (COMPILE_WARM_UP_S if config.compile else 0)
+    return _launch(config, name, module, args, 0, metrics_port, append_log, timeout=timeout)
 
 
 def _launch(
@@ -245,7 +255,8 @@ def _wait_registered(config: MeshConfig, kvcache: ServiceProcess, workers: list[
     capacity before it registers (a second or two), and the mesh is ready when sessions can be placed."""
     expected = {f"worker{i}" for i in range(len(workers))}
     token = ((INTERNAL_TOKEN_HEADER, config.env[INTERNAL_TOKEN_ENV]),)
-    deadline = time.monotonic() + WORKER_REGISTRATION_TIMEOUT_S
+    limit = WORKER_REGISTRATION_TIMEOUT_S + (COMPILE_WARM_UP_S if config.compile else 0)
+    deadline = time.monotonic() + limit
     with grpc.insecure_channel(kvcache.address) as channel:
         stub = kvcache_pb2_grpc.KVCacheServiceStub(channel)
         while True:
@@ -260,7 +271,7 @@ def _wait_registered(config: MeshConfig, kvcache: ServiceProcess, workers: list[
             if time.monotonic() > deadline:
                 missing = ", ".join(sorted(expected - alive))
                 raise ServiceStartError(
-                    f"{missing} did not register with kvcache_svc within {WORKER_REGISTRATION_TIMEOUT_S:.0f} s "
+                    f"{missing} did not register with kvcache_svc within {limit:.0f} s "
                     f"(see the logs in {config.workdir})"
                 )
             time.sleep(0.1)

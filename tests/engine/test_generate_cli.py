@@ -54,6 +54,8 @@ def test_generate_writes_an_mp4_with_a_prompt_schedule(tmp_path: Path) -> None:
         (["--prompt-at", "nonsense"], '--prompt-at must look like 4:"the ball turns green"'),
         (["--prompt-at", '9:"later"'], "past the last block"),
         (["--out", "video.avi"], "--out must end in .mp4"),
+        (["--cuda-graphs"], "--cuda-graphs needs the model on a CUDA device (--device cuda)"),
+        (["--cuda-graphs", "--compile"], "--cuda-graphs: Wan-family models without --compile"),
     ],
 )
 def test_user_errors_are_one_line(

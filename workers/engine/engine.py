@@ -46,6 +46,8 @@ from inferix.profiling import profile
 from inferix.spec.blocks import CommittedBlock
 from inferix.spec.sizing import native_latent_size
 from workers.engine.batching import BlockBatcher, ForwardStats
+from workers.engine.compiled import CompileOptions, WarmUp, compile_dit, warm_up
+from workers.engine.cuda_graphs import use_cuda_graphs
 from workers.engine.kv.pool import KVPool, SessionUsage
 from workers.engine.model_dir import LoadedModel, load_model
 from workers.engine.parallel.pod_driver import PodDriver, PodSession
@@ -136,6 +138,15 @@ class VideoBlock:
         )
 
 
+def latent_size(model: LoadedModel, width: int, height: int) -> tuple[int, int]:
+    """The latent (height, width) of a resolution in pixels (`UserError` if the model cannot make it)."""
+    factor = model.vae.config.spatial_factor
+    multiple = factor * model.dit.config.patch_size[1]
+    if width % multiple or height % multiple or width <= 0 or height <= 0:
+        raise UserError(f"resolution {width}x{height} must be positive multiples of {multiple} (e.g. 832x480)")
+    return height // factor, width // factor
+
+
 def committed_latents(block: CommittedBlock) -> Tensor:
     """A committed block's clean latents as the engine holds them: [1, frames, channels, h, w] float32."""
     array = np.frombuffer(block.latents, dtype="<f4").reshape(block.shape)
@@ -163,15 +174,11 @@ class EngineSession:
         session_id: str,
         driver: PodDriver | None = None,
     ) -> None:
-        factor = model.vae.config.spatial_factor
-        multiple = factor * model.dit.config.patch_size[1]
-        if width % multiple or height % multiple or width <= 0 or height <= 0:
-            raise UserError(f"resolution {width}x{height} must be positive multiples of {multiple} (e.g. 832x480)")
+        size = latent_size(model, width, height)
         self.model = model
         self.width, self.height = width, height
         self.prompt_text = prompt
         embeds = self._encode(prompt)
-        size = (height // factor, width // factor)
         # The block loop: in this process, or (rank 0 of a worker pod) on every rank of the pod.
         self.session: BlockSession
         if driver is None:
@@ -354,6 +361,43 @@ class Engine:
     def pool(self) -> KVPool | None:
         """The KV pool sessions take their pages from (None: each session sizes its own)."""
         return self.pipeline.pool
+
+    def compile(
+        self,
+        *,
+        width: int | None = None,
+        height: int | None = None,
+        num_blocks: int | None = None,
+        options: CompileOptions | None = None,
+    ) -> WarmUp:
+        """Compile the DiT's step with `torch.compile` and warm it up now, on a throwaway session of
+        this resolution (default: the model's) in the engine's pool: sessions of that size never
+        compile in their blocks (see `workers.engine.compiled`). Without a shared pool, a global
+        session's pool depends on its `num_blocks`: pass the one sessions will use.
+        """
+        if self.driver is not None:
+            raise UserError("--compile: a sequence-parallel pod runs its DiT eagerly; start it without --compile")
+        size = latent_size(self.model, width or self.model.width, height or self.model.height)
+        compile_dit(self.model.dit, options or CompileOptions())
+        return warm_up(self.pipeline, *size, num_blocks=num_blocks)
+
+    def use_cuda_graphs(
+        self, *, width: int | None = None, height: int | None = None, num_blocks: int | None = None
+    ) -> WarmUp:
+        """Replay the DiT's step from CUDA graphs (`workers.engine.cuda_graphs`), captured now on a
+        throwaway session of this resolution (default: the model's), so that no session captures in
+        its blocks. The graphs address the engine's KV pool: without a shared one, the engine makes
+        one sized for a session of `num_blocks` (a global-attention session needs it)."""
+        if self.driver is not None:
+            raise UserError("--cuda-graphs: a sequence-parallel pod runs its DiT eagerly; start it without it")
+        if self.model.dit.patch_embedding.weight.device.type != "cuda":
+            raise UserError("--cuda-graphs needs the model on a CUDA device (--device cuda)")
+        size = latent_size(self.model, width or self.model.width, height or self.model.height)
+        if self.pipeline.pool is None:
+            frames = self.pipeline.session_frames(num_blocks)
+            self.pipeline.pool = KVPool(self.pipeline.pool_spec(*size, frames))
+        use_cuda_graphs(self.model.dit, self.pipeline.pool)
+        return warm_up(self.pipeline, *size, num_blocks=num_blocks)
 
     def batcher(
         self, max_tokens: int | None = None, on_forward: Callable[[ForwardStats], None] | None = None

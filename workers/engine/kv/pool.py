@@ -126,6 +126,9 @@ class KVPool:
         shape = (spec.num_layers, spec.num_pages, spec.page_size, spec.num_heads, spec.head_dim)
         self.k = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
         self.v = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+        # One view per layer, what the DiT's calls read and write: a compiled step that wrote into
+        # the whole [layers, ...] tensor several times would have inductor copy the whole pool per call.
+        self.layer_k, self.layer_v = list(self.k.unbind(0)), list(self.v.unbind(0))
         self._free: list[int] = list(range(spec.num_pages))  # kept sorted: low ids first keeps runs
         self._lock = threading.RLock()
         self._sessions: dict[str, PagedSessionCache] = {}
@@ -249,16 +252,16 @@ class KVPool:
         """K, V [count*page_size, H, D] of consecutive pages: views into the pool, no copy."""
         if first_page < 0 or first_page + count > self.spec.num_pages:
             raise IndexError(f"page range [{first_page}, {first_page + count}) outside the pool")
-        k = self.k[layer, first_page : first_page + count].flatten(0, 1)
-        v = self.v[layer, first_page : first_page + count].flatten(0, 1)
+        k = self.layer_k[layer][first_page : first_page + count].flatten(0, 1)
+        v = self.layer_v[layer][first_page : first_page + count].flatten(0, 1)
         return k, v
 
     def fetch_pages(self, layer: int, page_ids: list[int] | Tensor) -> tuple[Tensor, Tensor]:
         """K, V [len(page_ids)*page_size, H, D] of arbitrary pages in the given order (a copy)."""
         ids = torch.as_tensor(page_ids, dtype=torch.long, device=self.k.device)
         return (
-            self.k[layer].index_select(0, ids).flatten(0, 1),
-            self.v[layer].index_select(0, ids).flatten(0, 1),
+            self.layer_k[layer].index_select(0, ids).flatten(0, 1),
+            self.layer_v[layer].index_select(0, ids).flatten(0, 1),
         )
 
     # ---- accounting -----------------------------------------------------------------------
@@ -344,7 +347,7 @@ class PagedSessionCache:
             k_all, v_all = pool.fetch_range(layer, *self._table_run)
             return backend.dense(q, k_all.unsqueeze(0), v_all.unsqueeze(0))
         assert self._table_ids is not None
-        return backend.paged(q, pool.k[layer], pool.v[layer], self._table_ids)
+        return backend.paged(q, pool.layer_k[layer], pool.layer_v[layer], self._table_ids)
 
     def store(self, layer: int, k: Tensor, v: Tensor) -> None:
         """Write the call's K/V [1, rows, H, D] into the pages `begin` prepared."""
@@ -355,12 +358,12 @@ class PagedSessionCache:
         k_pages, v_pages = k[0].reshape(shape), v[0].reshape(shape)
         if self._write_run is not None:
             first, count = self._write_run
-            pool.k[layer, first : first + count] = k_pages
-            pool.v[layer, first : first + count] = v_pages
+            pool.layer_k[layer][first : first + count] = k_pages
+            pool.layer_v[layer][first : first + count] = v_pages
         else:
             assert self._write_ids is not None
-            pool.k[layer].index_copy_(0, self._write_ids, k_pages.to(pool.k.dtype))
-            pool.v[layer].index_copy_(0, self._write_ids, v_pages.to(pool.v.dtype))
+            pool.layer_k[layer].index_copy_(0, self._write_ids, k_pages.to(pool.k.dtype))
+            pool.layer_v[layer].index_copy_(0, self._write_ids, v_pages.to(pool.v.dtype))
 
     def write_pages(self) -> list[int]:
         """The pages the last `begin` prepared for the call's K/V, in the order of its frames."""
@@ -371,7 +374,7 @@ class PagedSessionCache:
         reads them (frame order; slot order for a windowed session)."""
         if self._page_ids is None:
             self._page_ids = self._ids(self.read_pages())
-        return self.pool.k[layer], self.pool.v[layer], self._page_ids
+        return self.pool.layer_k[layer], self.pool.layer_v[layer], self._page_ids
 
     # ---- RoPE re-basing -------------------------------------------------------------------
     def rebase(self, offset: int, rotate: KeyRotation) -> None:

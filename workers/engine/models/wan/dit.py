@@ -320,6 +320,8 @@ class CausalWanDiT(nn.Module):
         self.backend = get_backend(attention_backend)
         self.parallel: SequenceParallelHook | None = None
         self._time_cache: dict[tuple[object, ...], tuple[Tensor, Tensor]] = {}
+        # `denoise_step` compiled (`workers.engine.compiled.compile_dit`); None: it runs eagerly.
+        self.compiled_step: Callable[..., Tensor] | None = None
 
     def set_attention_backend(self, name: str) -> None:
         self.backend = get_backend(name)
@@ -387,6 +389,11 @@ class CausalWanDiT(nn.Module):
         The calls must share the latent size (one token count per frame); with more than one, each
         has a batch of one video and a cache (or none). `begun`: the caller has already called
         `begin` for every call, so that one session's full pool fails that session alone.
+
+        The work is split in two: this eager prologue (validation, `begin`, the time embeddings'
+        and RoPE tables' lookups, which keep Python state) and pure tensor code (`denoise_step` for
+        a call alone), which is what `workers.engine.compiled.compile_dit` compiles. A batched or
+        sequence-parallel forward runs eagerly.
         """
         if not calls:
             return []
@@ -396,10 +403,6 @@ class CausalWanDiT(nn.Module):
         weight_dtype = self.patch_embedding.weight.dtype
         cfg = self.config
         b = calls[0].x.shape[0]
-
-        tokens = _join(
-            [self.patch_embedding(c.x.transpose(1, 2).to(weight_dtype)).flatten(2).transpose(1, 2) for c in calls], 1
-        )
         frames = sum(grid[0] for grid in grids)
         # Per call: a few rows each, and BLAS gives small row counts their own kernels (see batching).
         embeddings = [self._time_embedding(c.timesteps, weight_dtype) for c in calls]
@@ -407,34 +410,97 @@ class CausalWanDiT(nn.Module):
         e0 = _join([e0 for _, e0 in embeddings])
         e0 = e0.float().unflatten(1, (6, cfg.dim)).unflatten(0, (b, frames))
         e_head = e.float().unflatten(0, (b, frames)).unsqueeze(2)
+        device = self.patch_embedding.weight.device
         rotations = _join(
             [
-                self.rope.rotations(c.start_frame - c.position_offset, *grid, device=tokens.device)
+                self.rope.rotations(c.start_frame - c.position_offset, *grid, device=device)
                 for c, grid in zip(calls, grids, strict=True)
             ]
         )
-        rows = [math.prod(grid) for grid in grids]
-        cache: SelfAttentionCache | None
         if len(calls) == 1:
-            cache = calls[0].cache
+            call = calls[0]
             if self.parallel is not None:
-                tokens, rotations = self.parallel.shard(tokens, rotations, grids[0][0])
-                cache = self.parallel.attention_cache(cache)
-            if cache is not None and not begun:
-                cache.begin(calls[0].start_frame, grids[0][0])
-        else:
-            if not begun:
-                for call in calls:
-                    self.begin(call)
-            cache = PackedSelfAttention([cast(SelfAttentionCache, c.cache) for c in calls], rows)
+                return [self._sequence_parallel_step(call, e0, e_head, rotations, grids[0], begun)]
+            if call.cache is not None and not begun:
+                call.cache.begin(call.start_frame, grids[0][0])
+            step = self.denoise_step if self.compiled_step is None else self.compiled_step
+            return [step(call.x, e0, e_head, rotations, call.prompt.keys, call.prompt.values, call.cache)]
+        if not begun:
+            for call in calls:
+                self.begin(call)
+        rows = [math.prod(grid) for grid in grids]
+        tokens = torch.cat([self._embed_patches(c.x) for c in calls], 1)
+        prompts = [list(zip(c.prompt.keys, c.prompt.values, strict=True)) for c in calls]
+        cache = PackedSelfAttention([cast(SelfAttentionCache, c.cache) for c in calls], rows)
+        out = self._blocks_and_head(tokens, e0, e_head, rotations, lambda i: [p[i] for p in prompts], rows, cache)
+        return [self._unpatchify(part, grid).float() for part, grid in zip(out.split(rows, 1), grids, strict=True)]
+
+    def denoise_step(
+        self,
+        x: Tensor,
+        e0: Tensor,
+        e_head: Tensor,
+        rotations: Tensor,
+        keys: list[Tensor],
+        values: list[Tensor],
+        cache: SelfAttentionCache | None,
+    ) -> Tensor:
+        """The tensor code of one call's forward, its cache begun: patch embedding, blocks, head,
+        unpatchify. No Python state is read but the cache's write and read ranges, so this compiles
+        to one graph (`workers.engine.compiled`).
+
+        x [B, F, C, h, w]; e0 [B, F', 6, dim] and e_head [B, F', 1, dim] the time modulations of its
+        F' patched frames (float32); rotations its tokens' RoPE; keys / values the prompt's
+        cross-attention K/V of every layer. Returns the flow [B, F, C, h, w] in float32.
+        """
+        tokens = self._embed_patches(x)
+        rows = [tokens.shape[1]]
+        out = self._blocks_and_head(tokens, e0, e_head, rotations, lambda i: [(keys[i], values[i])], rows, cache)
+        pt, ph, pw = self.config.patch_size
+        return self._unpatchify(out, (x.shape[1] // pt, x.shape[3] // ph, x.shape[4] // pw)).float()
+
+    def _sequence_parallel_step(
+        self,
+        call: DiTCall,
+        e0: Tensor,
+        e_head: Tensor,
+        rotations: Tensor,
+        grid: tuple[int, int, int],
+        begun: bool,
+    ) -> Tensor:
+        """`denoise_step` on this rank's shard of the tokens; the ranks talk in attention and the gather."""
+        assert self.parallel is not None
+        tokens, rotations = self.parallel.shard(self._embed_patches(call.x), rotations, grid[0])
+        cache = self.parallel.attention_cache(call.cache)
+        if call.cache is not None and not begun:
+            cache.begin(call.start_frame, grid[0])
+        prompt = call.prompt
+        rows = [tokens.shape[1]]
+        out = self._blocks_and_head(
+            tokens, e0, e_head, rotations, lambda i: [(prompt.keys[i], prompt.values[i])], rows, cache
+        )
+        return self._unpatchify(self.parallel.gather(out, grid[0]), grid).float()
+
+    def _embed_patches(self, x: Tensor) -> Tensor:
+        """Latents [B, F, C, h, w] -> tokens [B, F'*h'*w', dim] in (f, h, w) order."""
+        weight = self.patch_embedding.weight
+        return self.patch_embedding(x.transpose(1, 2).to(weight.dtype)).flatten(2).transpose(1, 2)
+
+    def _blocks_and_head(
+        self,
+        tokens: Tensor,
+        e0: Tensor,
+        e_head: Tensor,
+        rotations: Tensor,
+        prompts: Callable[[int], list[tuple[Tensor, Tensor]]],
+        rows: list[int],
+        cache: SelfAttentionCache | None,
+    ) -> Tensor:
+        """The attention blocks and the head over token rows `rows[i]` of each call; `prompts(layer)`
+        gives each call's cross-attention K/V of that layer."""
         for i, block in enumerate(self.blocks):
-            prompts = [(c.prompt.keys[i], c.prompt.values[i]) for c in calls]
-            tokens = block(tokens, e0, rotations, i, prompts, rows, cache, self.backend)
-        out = self.head(tokens, e_head)
-        if self.parallel is not None:
-            out = self.parallel.gather(out, grids[0][0])
-        parts = out.split(rows, 1) if len(calls) > 1 else [out]
-        return [self._unpatchify(part, grid).float() for part, grid in zip(parts, grids, strict=True)]
+            tokens = block(tokens, e0, rotations, i, prompts(i), rows, cache, self.backend)
+        return cast(Tensor, self.head(tokens, e_head))
 
     def _time_embedding(self, timesteps: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Per-frame time embedding [B*F, dim] and its 6-way projection [B*F, 6*dim].
