@@ -65,8 +65,8 @@ StepKey = tuple[tuple[int, ...], tuple[int, ...], int, int, torch.dtype]
 
 
 @dataclass
-class _StepBuffers:
-    """The static inputs, block tables and output of one step shape."""
+class StepInputs:
+    """The tensors `CausalWanDiT.denoise_step` takes besides its cache, in its argument order."""
 
     x: Tensor
     e0: Tensor
@@ -74,25 +74,38 @@ class _StepBuffers:
     rotations: Tensor
     keys: list[Tensor]
     values: list[Tensor]
+
+    def tensors(self) -> list[Tensor]:
+        return [self.x, self.e0, self.e_head, self.rotations, *self.keys, *self.values]
+
+    def tensors_as_args(self) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor], list[Tensor]]:
+        return self.x, self.e0, self.e_head, self.rotations, self.keys, self.values
+
+    def empty_like(self) -> StepInputs:
+        def like(t: Tensor) -> Tensor:
+            return torch.empty_like(t)
+
+        return StepInputs(
+            like(self.x),
+            like(self.e0),
+            like(self.e_head),
+            like(self.rotations),
+            [like(k) for k in self.keys],
+            [like(v) for v in self.values],
+        )
+
+
+@dataclass
+class _StepBuffers:
+    """The static inputs, block tables and output of one step shape."""
+
+    inputs: StepInputs
     cache: StaticPagedCache
     out: Tensor | None = None
     graph: torch.cuda.CUDAGraph | None = None
 
-    def fill(
-        self,
-        x: Tensor,
-        e0: Tensor,
-        e_head: Tensor,
-        rotations: Tensor,
-        keys: list[Tensor],
-        values: list[Tensor],
-        cache: PagedSessionCache,
-    ) -> None:
-        for static, value in zip(
-            (self.x, self.e0, self.e_head, self.rotations, *self.keys, *self.values),
-            (x, e0, e_head, rotations, *keys, *values),
-            strict=True,
-        ):
+    def fill(self, inputs: StepInputs, cache: PagedSessionCache) -> None:
+        for static, value in zip(self.inputs.tensors(), inputs.tensors(), strict=True):
             static.copy_(value)
         self.cache.load(cache)
 
@@ -120,8 +133,9 @@ class StaticStep:
         values: list[Tensor],
         cache: SelfAttentionCache | None,
     ) -> Tensor:
+        inputs = StepInputs(x, e0, e_head, rotations, keys, values)
         if not isinstance(cache, PagedSessionCache) or cache.pool is not self.pool:
-            return self.dit.denoise_step(x, e0, e_head, rotations, keys, values, cache)
+            return self.dit.denoise_step(*inputs.tensors_as_args(), cache)
         key: StepKey = (
             tuple(x.shape),
             tuple(keys[0].shape),
@@ -132,36 +146,15 @@ class StaticStep:
         buffers = self.buffers.get(key)
         if buffers is None:
             if len(self.buffers) >= self.max_graphs:
-                return self.dit.denoise_step(x, e0, e_head, rotations, keys, values, cache)
-            buffers = self._make(key, x, e0, e_head, rotations, keys, values)
+                return self.dit.denoise_step(*inputs.tensors_as_args(), cache)
+            buffers = _StepBuffers(inputs.empty_like(), StaticPagedCache(self.pool, key[2], key[3]))
             self.buffers[key] = buffers
-        buffers.fill(x, e0, e_head, rotations, keys, values, cache)
+        buffers.fill(inputs, cache)
         return self.run(buffers).clone()
-
-    def _make(
-        self,
-        key: StepKey,
-        x: Tensor,
-        e0: Tensor,
-        e_head: Tensor,
-        rotations: Tensor,
-        keys: list[Tensor],
-        values: list[Tensor],
-    ) -> _StepBuffers:
-        return _StepBuffers(
-            x=torch.empty_like(x),
-            e0=torch.empty_like(e0),
-            e_head=torch.empty_like(e_head),
-            rotations=torch.empty_like(rotations),
-            keys=[torch.empty_like(k) for k in keys],
-            values=[torch.empty_like(v) for v in values],
-            cache=StaticPagedCache(self.pool, key[2], key[3]),
-        )
 
     def run(self, buffers: _StepBuffers) -> Tensor:
         """The step on the filled buffers (eagerly here; `CudaGraphStep` replays a capture)."""
-        b = buffers
-        return self.dit.denoise_step(b.x, b.e0, b.e_head, b.rotations, b.keys, b.values, b.cache)
+        return self.dit.denoise_step(*buffers.inputs.tensors_as_args(), buffers.cache)
 
 
 class CudaGraphStep(StaticStep):
