@@ -1,12 +1,16 @@
-"""Benchmark the Wan VAE decoder: streaming (block by block) vs one-shot decode of the same latents.
+"""Benchmark the Wan VAE decoder: streaming vs one-shot, decode variants side by side, share of a block.
 
     python bench/vae.py --device cpu --threads 1
     python bench/vae.py --device cuda --dim 96 --latent-hw 60 104 --blocks 7   # real Wan2.1 480p shape
+    python bench/vae.py --threads 1 --variants fp32 fp32-contiguous bf16 fp16  # side by side, ratios
+    python bench/vae.py --threads 1 --share                                    # VAE share of a block
 
-Random weights (speed and memory do not depend on their values).  Each mode runs in a fresh child
-process so that one mode's allocator state cannot flatter the other.  Inside a child: one untimed
-pass measures peak memory (on CPU that pass must be the first, see below), then ``--repeats`` passes
-are timed and the median per call is reported.
+Random weights (speed and memory do not depend on their values).
+
+Streaming vs one-shot (the default): each mode runs in a fresh child process so that one mode's
+allocator state cannot flatter the other.  Inside a child: one untimed pass measures peak memory
+(on CPU that pass must be the first, see below), then ``--repeats`` passes are timed and the
+median per call is reported.
 
 Peak memory, per call:
 
@@ -19,6 +23,21 @@ Peak memory, per call:
 
 Streaming outputs are hashed and dropped (as the streamer would consume them); one-shot keeps the
 whole video, as it must.  The sha256 of both outputs is compared to confirm they are bit-identical.
+
+``--variants``: ways to run the same streaming decode, named ``<dtype>[-contiguous][-compile]``
+(dtype fp32, bf16 or fp16; ``-contiguous``: NCTHW activations and the 2D time-tap fold instead of
+the default channels-last ones with oneDNN's 3D convolution on CPU, see ``WanVAE.channels_last``;
+``-compile``: ``torch.compile`` of the decoder, compiled during the warm-up pass).  All variants
+run in one child process, interleaved, ``--repeats`` rounds after one warm-up pass each: per
+variant the time per block of the blocks after the first (the first decodes fewer frames), the
+minimum over rounds (the least disturbed by other work on the cores) and the median, the ratio of
+minimums to the first variant, the max abs difference of the video from the first variant's, and
+the warm-up pass's time (a whole video; compilation included).
+
+``--share``: the VAE decode's share of a block, next to the DiT's denoising steps and context pass
+of the same block: the engine bench's DiT (dim 384, 6 layers, 448 tokens/frame at the default
+``--share-latent``) with a VAE of ``--dim``, then every golden Wan case of tests/golden with its own
+DiT and VAE.  Minimum over ``--repeats`` sessions of each phase, per block.
 """
 
 from __future__ import annotations
@@ -37,10 +56,17 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from inferix.spec.architectures import WanVAEConfig
+from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
+from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
+from workers.engine.golden import GoldenCase, find_cases
+from workers.engine.models.autoencoders import load_vae
+from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.models.wan.vae import WanVAE
+from workers.engine.pipeline import BlockDiffusionPipeline
 
 MiB = 2**20
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+GOLDEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "golden"
 
 
 @dataclass
@@ -60,6 +86,47 @@ class ModeResult:
     calls: list[Call]
     sha256: str
     state_bytes: int  # streaming: size of the decode state after the last block; one-shot: 0
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the decoder (see the module docstring)."""
+
+    name: str
+    dtype: torch.dtype
+    channels_last: bool
+    compile: bool
+
+    @classmethod
+    def parse(cls, name: str) -> Variant:
+        dtype, *options = name.split("-")
+        if dtype not in DTYPES or not set(options) <= {"contiguous", "compile"}:
+            raise argparse.ArgumentTypeError(f"variant {name!r}: expected <fp32|bf16|fp16>[-contiguous][-compile]")
+        return cls(name, DTYPES[dtype], "contiguous" not in options, "compile" in options)
+
+
+@dataclass
+class VariantResult:
+    """Seconds per block (blocks after the first) of each round, the decoded video, the warm-up's seconds."""
+
+    seconds: list[float]
+    video: Tensor
+    warmup_s: float  # the first decode of the video: oneDNN primitive creation, compilation
+
+
+@dataclass
+class ShareRow:
+    """One model's block time, split by phase (minimum over sessions, mean over blocks)."""
+
+    name: str
+    pixels: tuple[int, int]
+    denoise_s: float
+    context_s: float
+    vae_s: float
+
+    @property
+    def vae_share(self) -> float:
+        return self.vae_s / (self.denoise_s + self.context_s + self.vae_s)
 
 
 class PeakMemory:
@@ -99,6 +166,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _random_model(args: argparse.Namespace, device: torch.device) -> WanVAE:
+    torch.manual_seed(0)
+    return WanVAE(WanVAEConfig(dim=args.dim, num_res_blocks=args.num_res_blocks)).eval().to(device)
+
+
+def _latents(args: argparse.Namespace, device: torch.device) -> Tensor:
+    h, w = args.latent_hw
+    return torch.randn(1, args.blocks * args.block_frames, 16, h, w, generator=torch.Generator().manual_seed(1)).to(
+        device
+    )
+
+
 def _decode_pass(
     model: WanVAE, latents: Tensor, mode: str, block: int, measure_memory: PeakMemory | None
 ) -> tuple[list[Call], str, int]:
@@ -134,11 +213,8 @@ def run_mode(args: argparse.Namespace, mode: str) -> ModeResult:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    model = WanVAE(WanVAEConfig(dim=args.dim, num_res_blocks=args.num_res_blocks)).eval().to(device, dtype)
-    h, w = args.latent_hw
-    latents = torch.randn(1, args.blocks * args.block_frames, 16, h, w, device=device)
+    model = _random_model(args, device).to(DTYPES[args.dtype])
+    latents = _latents(args, device)
     memory = PeakMemory(device)
     mem_calls, sha, state_bytes = _decode_pass(model, latents, mode, args.block_frames, memory)
     timed = [_decode_pass(model, latents, mode, args.block_frames, None)[0] for _ in range(args.repeats)]
@@ -147,6 +223,99 @@ def run_mode(args: argparse.Namespace, mode: str) -> ModeResult:
         for i, c in enumerate(mem_calls)
     ]
     return ModeResult(calls, sha, state_bytes)
+
+
+def _stream(model: WanVAE, latents: Tensor, block: int) -> tuple[Tensor, float]:
+    """Streaming decode of ``latents``: the video and the seconds per block after the first."""
+    state = model.new_decode_state()
+    frames, seconds = [], []
+    for start in range(0, latents.shape[1], block):
+        _sync(latents.device)
+        began = time.perf_counter()
+        frames.append(model.decode_block(latents[:, start : start + block], state))
+        _sync(latents.device)
+        seconds.append(time.perf_counter() - began)
+    return torch.cat(frames, dim=1), statistics.mean(seconds[1:] or seconds)
+
+
+def run_variants(args: argparse.Namespace) -> dict[str, VariantResult]:
+    """Child-process body of ``--variants``: one model per variant, the same weights, interleaved rounds."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    base = _random_model(args, device)
+    latents = _latents(args, device)
+    models: dict[Variant, WanVAE] = {}
+    for variant in args.variants:
+        model = WanVAE(base.config).eval().to(device)
+        model.load_state_dict(base.state_dict())
+        model = model.to(variant.dtype)
+        model.channels_last = variant.channels_last
+        if variant.compile:
+            model.decoder.compile()
+        models[variant] = model
+    results = {}
+    for variant, model in models.items():
+        began = time.perf_counter()
+        video = _stream(model, latents, args.block_frames)[0]
+        results[variant.name] = VariantResult([], video, time.perf_counter() - began)
+    for _ in range(args.repeats):
+        for variant, model in models.items():
+            results[variant.name].seconds.append(_stream(model, latents, args.block_frames)[1])
+    return results
+
+
+def _share_phases(
+    pipeline: BlockDiffusionPipeline, vae: WanVAE, prompt: Tensor, hw: tuple[int, int], blocks: int
+) -> list[float]:
+    """Mean seconds per block of [denoising steps, context pass, VAE decode] over one session."""
+    phases = []
+    state = vae.new_decode_state()
+    with pipeline.open_session(prompt, *hw, num_blocks=blocks) as session:
+        for out in session:
+            began = time.perf_counter()
+            vae.decode_block(out.latents, state)
+            phases.append((out.timings.denoise_s, out.timings.context_s, time.perf_counter() - began))
+    return [statistics.mean(p[i] for p in phases) for i in range(3)]
+
+
+def _share_row(
+    name: str,
+    pipeline: BlockDiffusionPipeline,
+    vae: WanVAE,
+    prompt: Tensor,
+    hw: tuple[int, int],
+    args: argparse.Namespace,
+) -> ShareRow:
+    runs = [_share_phases(pipeline, vae, prompt, hw, args.share_blocks) for _ in range(args.repeats)]
+    denoise, context, decode = (min(r[i] for r in runs) for i in range(3))
+    factor = vae.config.spatial_factor
+    return ShareRow(name, (hw[0] * factor, hw[1] * factor), denoise, context, decode)
+
+
+def run_share(args: argparse.Namespace) -> list[ShareRow]:
+    """Child-process body of ``--share``: the engine bench's DiT, then the golden cases (fp32, CPU)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dit_config = WanDiTConfig(dim=384, ffn_dim=1536, num_heads=6, num_layers=6, freq_dim=256, text_dim=512, text_len=64)
+    steps = tuple(1000 - 250 * i for i in range(4))
+    pipeline = BlockDiffusionPipeline(
+        CausalWanDiT(dit_config).eval(),
+        PipelineConfig(BlockConfig(args.block_frames, local_attn_size=12, sink_size=3), SamplingConfig(steps)),
+    )
+    h, w = args.share_latent
+    prompt = torch.randn(1, dit_config.text_len, dit_config.text_dim)
+    vae = _random_model(args, torch.device("cpu"))
+    rows = [_share_row(f"engine bench DiT + VAE dim {args.dim}", pipeline, vae, prompt, (h, w), args)]
+    cases: list[GoldenCase] = [c for c in find_cases(GOLDEN_DIR) if c.has("outputs") and c.has("vae")]
+    for case in cases:
+        inputs = case.tensors("inputs")
+        _, _, _, h, w = inputs["initial_noise"].shape
+        golden = BlockDiffusionPipeline(case.build_dit(), case.pipeline_config())
+        case_vae = load_vae(case.folder / "vae.safetensors", WanVAEConfig.from_dict(case.config["vae"]))
+        rows.append(_share_row(f"golden {case.name}", golden, case_vae, inputs["prompt_embeds"], (h, w), args))
+    return rows
 
 
 def _mib(n: int | None) -> str:
@@ -178,13 +347,34 @@ def report(results: dict[str, ModeResult]) -> None:
             f"one-shot {_mib(peak_oneshot)} MiB, ratio {max(peaks) / max(peak_oneshot, 1):.3f}"
         )
     print(f"decode state   {_mib(stream.state_bytes)} MiB carried between blocks")
-    print(f"bit-identical  {'yes' if stream.sha256 == oneshot.sha256 else 'NO'} (sha256 of the fp32 video)")
+    print(f"bit-identical  {'yes' if stream.sha256 == oneshot.sha256 else 'NO'} (sha256 of the video)")
+
+
+def report_variants(results: dict[str, VariantResult]) -> None:
+    first = next(iter(results.values()))
+    print(f"{'variant':<22}{'ms/block min':>14}{'median':>10}{'ratio':>8}{'max abs diff':>14}{'warm-up s':>11}")
+    for name, res in results.items():
+        diff = (res.video.float() - first.video.float()).abs().max().item()
+        print(
+            f"{name:<22}{1e3 * min(res.seconds):>14.1f}{1e3 * statistics.median(res.seconds):>10.1f}"
+            f"{min(res.seconds) / min(first.seconds):>8.3f}{diff:>14.2e}{res.warmup_s:>11.1f}"
+        )
+
+
+def report_share(rows: list[ShareRow]) -> None:
+    print(f"{'model':<42}{'pixels':>10}{'denoise ms':>12}{'context ms':>12}{'VAE ms':>10}{'VAE share':>11}")
+    for row in rows:
+        pixels = f"{row.pixels[0]}x{row.pixels[1]}"
+        print(
+            f"{row.name:<42}{pixels:>10}{1e3 * row.denoise_s:>12.1f}{1e3 * row.context_s:>12.1f}"
+            f"{1e3 * row.vae_s:>10.1f}{row.vae_share:>10.1%}"
+        )
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES), help="of the stream vs one-shot run")
     parser.add_argument("--dim", type=int, default=32, help="VAE base width (Wan2.1: 96)")
     parser.add_argument("--num-res-blocks", type=int, default=2)
     parser.add_argument(
@@ -199,17 +389,42 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--block-frames", type=int, default=3, help="latent frames per block")
     parser.add_argument("--repeats", type=int, default=1, help="timed passes per mode (median reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    parser.add_argument(
+        "--variants", type=Variant.parse, nargs="+", metavar="VARIANT", help="compare these decodes side by side"
+    )
+    parser.add_argument("--share", action="store_true", help="the VAE decode's share of a block (CPU, fp32)")
+    parser.add_argument(
+        "--share-latent", type=int, nargs=2, default=(28, 64), metavar=("H", "W"), help="latent of the --share DiT"
+    )
+    parser.add_argument("--share-blocks", type=int, default=3, help="blocks per --share session")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
     h, w = args.latent_hw
+    ctx = mp.get_context("spawn")  # fresh process per mode, no inherited allocator state
+    if args.share:
+        sh, sw = args.share_latent
+        print(
+            f"VAE share of a block: cpu fp32, VAE dim {args.dim}, {args.share_blocks} blocks x {args.block_frames} "
+            f"latent frames, min of {args.repeats} session(s); engine bench DiT at latent {sh}x{sw}\n"
+        )
+        with ctx.Pool(1) as pool:
+            report_share(pool.apply(run_share, (args,)))
+        return
+    if args.variants:
+        print(
+            f"Wan VAE streaming decode variants, {args.device}, dim {args.dim}, latents {args.blocks}x"
+            f"{args.block_frames} frames of {h}x{w} -> {8 * h}x{8 * w} px, {args.repeats} interleaved round(s)\n"
+        )
+        with ctx.Pool(1) as pool:
+            report_variants(pool.apply(run_variants, (args,)))
+        return
     print(
         f"Wan VAE decode, {args.device} {args.dtype}, dim {args.dim}, latents {args.blocks}x"
         f"{args.block_frames} frames of {h}x{w} -> {8 * h}x{8 * w} px, {args.repeats} timed pass(es)\n"
     )
-    ctx = mp.get_context("spawn")  # fresh process per mode, no inherited allocator state
     with ctx.Pool(1, maxtasksperchild=1) as pool:
         results = {mode: pool.apply(run_mode, (args, mode)) for mode in ("stream", "oneshot")}
     report(results)

@@ -53,6 +53,7 @@ from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.models.wan.text_encoder import PromptEncoder, UMT5Encoder
 from workers.engine.models.wan.tokenizer import EOS_TOKEN, PAD_TOKEN, TOKENIZER_JSON, PromptTokenizer
 from workers.engine.models.wan.vae import WanVAE
+from workers.engine.precision import warn_if_emulated
 
 __all__ = [
     "MODEL_YAML",
@@ -270,6 +271,7 @@ def load_model(
     All three networks get ``dtype`` (fp32 / bf16 / fp16) and ``device``.
     """
     weight_dtype = parse_dtype(dtype)
+    warn_if_emulated(weight_dtype, device)
     source = DEFAULT_MODEL if path is None else path
     builtin = builtin_model_name(source)
     if builtin == "tiny":

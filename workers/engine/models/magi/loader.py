@@ -31,6 +31,7 @@ from workers.engine.models.magi.captions import SpecialTokens, load_special_toke
 from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
 from workers.engine.models.magi.t5 import MagiTokenizer, T5Encoder, load_t5
 from workers.engine.models.magi.vae import MagiVAEDecoder, load_magi_vae
+from workers.engine.precision import warn_if_emulated
 
 __all__ = ["MAGI_CONFIG_JSON", "MagiModel", "is_magi_folder", "load_magi_dit", "load_magi_model"]
 
@@ -125,6 +126,7 @@ def _required(root: Path, relative: str, what: str) -> Path:
 
 
 def load_magi_model(root: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> MagiModel:
+    warn_if_emulated(dtype, device)
     preset = magi_preset_of(root)
     files = preset.files
     dit_path = next((root / name for name in files.dit if (root / name).exists()), None)
