@@ -1,5 +1,8 @@
-"""KV-cache benchmarks: host offload bandwidth, recovery by recompute vs copy, placement rate.
+"""KV-cache benchmarks: bytes per session by KV storage mode, host offload bandwidth, recovery by
+recompute vs copy, placement rate.
 
+0. Bytes: the real bytes (8-bit values plus their fp32 scales) of one session's pages with
+   `kv_dtype` auto (the model's dtype, and bf16), fp8 and int8, and the ratios to bf16.
 1. Offload/restore: a session's pages to host memory and back (pinned + async on CUDA), bytes/s.
 2. Recovery: rebuilding a session's cache after a worker loss, as a function of how many blocks
    it has committed -- recompute (one context pass per block, what the mesh does) vs copying the
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import statistics
 import time
 
@@ -22,7 +26,7 @@ from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from inferix.store import MemoryStore
 from kvcache_svc.registry import KVReport, Registry
-from workers.engine.kv.pool import KVPool
+from workers.engine.kv.pool import KV_DTYPES, KVPool, KVPoolSpec
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.pipeline import BlockDiffusionPipeline, ReplayBlock
 
@@ -30,6 +34,22 @@ from workers.engine.pipeline import BlockDiffusionPipeline, ReplayBlock
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def bytes_per_session(spec: KVPoolSpec, pages: int) -> None:
+    """Print a session's KV bytes in every storage mode, counted from the tensors a one-page pool of
+    each really holds, and their ratios to bf16 pages."""
+    bf16 = pages * dataclasses.replace(spec, dtype=torch.bfloat16, kv_dtype="auto").page_bytes
+    modes = [(spec.dtype, "auto"), (torch.bfloat16, "auto"), *((spec.dtype, k) for k in KV_DTYPES if k != "auto")]
+    for dtype, kv_dtype in dict.fromkeys(modes):
+        pool = KVPool(dataclasses.replace(spec, num_pages=1, dtype=dtype, kv_dtype=kv_dtype))
+        held = sum(t.numel() * t.element_size() for t in pool._page_tensors())
+        assert held == pool.spec.page_bytes, (held, pool.spec.page_bytes)
+        name = f"{kv_dtype} ({str(dtype).removeprefix('torch.')})" if kv_dtype == "auto" else kv_dtype
+        print(
+            f"KV {name:<16}{pages * held / 2**20:9.2f} MiB/session ({pages} pages)"
+            f"{pages * held / bf16:7.3f}x bf16  read: {pool.kv_read_path}"
+        )
 
 
 def offload_bandwidth(pool: KVPool, tokens: int, frames: int, repeats: int) -> tuple[float, float, int]:
@@ -92,6 +112,7 @@ def main() -> None:
     parser.add_argument("--latent", default="28x64", help="latent HxW (default 28x64 = 448 tokens/frame)")
     parser.add_argument("--blocks", default="1,2,4,8", help="committed blocks to recover from")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kv-dtype", default="auto", choices=KV_DTYPES, help="KV storage of the timed runs")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -113,7 +134,8 @@ def main() -> None:
     print(f"DiT dim={args.dim} layers={args.layers} | {tokens} tokens/frame | {device}")
 
     counts = [int(b) for b in args.blocks.split(",")]
-    pool = KVPool(pipeline.pool_spec(lat_h, lat_w, frames=3 * max(counts) * 2))
+    pool = KVPool(pipeline.pool_spec(lat_h, lat_w, frames=3 * max(counts) * 2, kv_dtype=args.kv_dtype))
+    bytes_per_session(pool.spec, 3 * max(counts))
     out_bw, in_bw, nbytes = offload_bandwidth(pool, tokens, 3 * max(counts), repeats=5)
     print(f"offload {out_bw / 2**30:.2f} GiB/s, restore {in_bw / 2**30:.2f} GiB/s ({nbytes / 2**20:.0f} MiB session)")
 

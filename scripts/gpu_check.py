@@ -770,6 +770,69 @@ def stage_engine_speed(ctx: Context) -> None:
         )
 
 
+QUANT_VARIANTS = (("none", "auto"), ("int8", "auto"), ("fp8", "auto"), ("fp8", "fp8"))
+
+
+def stage_quant(ctx: Context) -> None:
+    """`--quant` / `--kv-dtype` through `Engine`: one session per variant (weights x KV storage) of the
+    speed preset (Wan2.1-1.3B at 480x832 on a GPU), DiT ms per block and end-to-end fps, the first
+    block's latents against unquantized (relative L2), and the DiT's weight bytes. fp8 needs sm 8.9+:
+    on an older GPU it is recorded as refused, with the engine's one-line error."""
+    import copy
+
+    import torch
+
+    from workers.engine import Engine
+    from workers.engine.quant import check_quant_device, int8_path, parse_quant, quantize_linears, weight_bytes
+
+    rec = ctx.record
+    model = random_model(ctx)
+    blocks = 4 if ctx.sizes is REAL else 2
+    h, w = ctx.sizes.latent
+    factor = model.vae.config.spatial_factor
+    rec.command(f"Engine(random {model.preset.name}, quant=..., kv_dtype=...) -> {blocks} blocks per variant")
+    rec.set("int8_kernel", int8_path(torch.device(ctx.device).type))
+    reference: torch.Tensor | None = None
+    for quant, kv_dtype in QUANT_VARIANTS:
+        label = quant if kv_dtype == "auto" else f"{quant}+kv-{kv_dtype}"
+        mode = parse_quant(quant)
+        try:
+            check_quant_device(mode.is_fp8, ctx.device)
+        except Exception as exc:
+            rec.set(label, {"status": "refused", "reason": first_line(exc)})
+            continue
+        dit = quantize_linears(copy.deepcopy(model.dit), mode) if mode.enabled else model.dit
+        engine = Engine(replace(model, dit=dit), kv_dtype=kv_dtype)
+        dit_ms: list[float] = []
+        first: torch.Tensor | None = None
+        sync(ctx.device)
+        start = time.perf_counter()
+        frames = 0
+        with engine.open("a red fox in snow", width=w * factor, height=h * factor, num_blocks=blocks, seed=0) as s:
+            for block in s:
+                dit_ms.append((block.denoise_s + block.context_s) * 1e3)
+                frames += block.frames.shape[0]
+                if first is None:
+                    first = block.latents.float().cpu()
+        sync(ctx.device)
+        total_s = time.perf_counter() - start
+        assert first is not None
+        reference = first if reference is None else reference
+        error = float((first - reference).norm() / reference.norm())
+        steady = dit_ms[1:] if len(dit_ms) > 1 else dit_ms
+        rec.set(
+            label,
+            {
+                "status": "ok",
+                "dit_ms_per_block": statistics.mean(steady),
+                "fps": frames / total_s,
+                "rel_l2_vs_none": error,
+                "dit_weight_gib": weight_bytes(dit) / 2**30,
+            },
+        )
+        del engine, dit
+
+
 def stage_magi(ctx: Context) -> None:
     """bench/magi.py: MAGI-1's chunk pipeline, seconds per chunk against the chunk's real-time budget."""
     if ctx.sizes is REAL:  # the 4.5B-distill DiT at 720x720, random weights; 16 steps keep it in budget
@@ -858,13 +921,12 @@ def stage_extras(ctx: Context) -> None:
 
     rec = ctx.record
     dtypes = sorted({str(d).removeprefix("torch.") for d in DTYPES.values()})
-    fp8 = [d for d in dtypes if "float8" in d]
     capability = torch.cuda.get_device_capability() if ctx.cuda else None
     rec.set(
         "fp8",
         {
-            "status": "ok" if fp8 else "not available",
-            "reason": "" if fp8 else f"the engine loads weights as {', '.join(dtypes)} only",
+            "status": "ok",
+            "reason": f"--dtype: {', '.join(dtypes)}; fp8 weights and KV: --quant fp8 / --kv-dtype fp8 (quant stage)",
             "hardware_fp8": capability is not None and capability >= (8, 9),
         },
     )
@@ -1008,6 +1070,7 @@ STAGES = [
     Stage("extras", "fp8, NVENC", stage_extras, 45),
     Stage("pods", "Pods: 2-rank Ulysses / Ring vs one device", stage_pods, 180),
     Stage("engine-speed", "Speed: DiT eager vs --compile vs --cuda-graphs, fill and rolling", stage_engine_speed, 150),
+    Stage("quant", "Speed: --quant int8 / fp8 and --kv-dtype fp8 vs unquantized, per block", stage_quant, 120),
     Stage("magi", "Speed: MAGI-1 chunk pipeline, seconds per chunk (4.5B-distill shapes)", stage_magi, 90),
 ]
 SIZES = {s.name: s for s in (REAL, TOY)}
@@ -1330,6 +1393,7 @@ def _speed_md(results: dict[str, Any]) -> list[str]:
         lines += ["", "### bench/engine.py: paged KV pool vs the contiguous cache", "", "```", bench["output"], "```"]
     lines += _batching_md(_metrics(results, "batching"))
     lines += _engine_speed_md(_metrics(results, "engine-speed"))
+    lines += _quant_md(_metrics(results, "quant"))
     magi = _metrics(results, "magi")
     if magi.get("output"):
         lines += ["", "### bench/magi.py: MAGI-1 seconds per chunk", "", "```", magi["output"], "```"]
@@ -1338,6 +1402,21 @@ def _speed_md(results: dict[str, Any]) -> list[str]:
         lines += ["", "### If present", "", *_table(["feature", "status"], "ll")]
         for name, r in extras.items():
             lines.append(_row(name, f"{r['fps']:.0f} frames/s at {r['size']}" if r.get("fps") else _why(r)))
+    return lines
+
+
+def _quant_md(quant: dict[str, Any]) -> list[str]:
+    rows = [(label, quant[label]) for label in quant if isinstance(quant[label], dict)]
+    if not rows:
+        return []
+    lines = ["", f"### Quantization (int8 kernel: {quant.get('int8_kernel', '?')})", ""]
+    lines += _table(["variant", "DiT ms/block", "fps", "rel L2 vs none", "DiT GiB"], "lrrrr")
+    for label, r in rows:
+        if r.get("status") != "ok":
+            lines.append(_row(label, r.get("status", "?"), r.get("reason", ""), "", ""))
+            continue
+        figures = (_fmt(r["dit_ms_per_block"], 1), _fmt(r["fps"], 2), f"{r['rel_l2_vs_none']:.2e}")
+        lines.append(_row(label, *figures, _fmt(r["dit_weight_gib"], 2)))
     return lines
 
 

@@ -32,6 +32,7 @@ STAGES = [
     "extras",
     "pods",
     "engine-speed",
+    "quant",
     "magi",
 ]
 
@@ -98,6 +99,12 @@ def test_dry_run_runs_every_stage_and_records_its_figures(tmp_path: Path) -> Non
         assert speed[mode]["rolling_ms_per_block"] > 0 and speed[mode]["fill_ms_per_block"] > 0, mode
     assert speed["cuda_graphs"]["max_abs_diff_vs_eager"] == 0.0  # the static-buffer step: the eager bits
     assert speed["compiled"]["max_abs_diff_vs_eager"] < 1e-4
+
+    quant = m["quant"]
+    assert quant["none"]["rel_l2_vs_none"] == 0.0 and quant["int8"]["dit_weight_gib"] < quant["none"]["dit_weight_gib"]
+    for label in ("int8", "fp8", "fp8+kv-fp8"):
+        assert quant[label]["dit_ms_per_block"] > 0 and 0 < quant[label]["rel_l2_vs_none"] < 0.2, label
+    assert "### Quantization" in (tmp_path / "results.md").read_text()
 
     pods = m["pods"]
     assert pods["single"]["ms_per_block"] > 0

@@ -107,6 +107,19 @@ def parse_args() -> argparse.Namespace:
         help="replay the DiT step from CUDA graphs captured at the native resolution before serving "
         "(Wan-family models on one CUDA device, without --compile; env INFERIX_CUDA_GRAPHS=1)",
     )
+    parser.add_argument(
+        "--quant",
+        default=env("INFERIX_QUANT") or None,
+        help="quantize the DiT's block linears: none, int8, int8-wo, fp8, fp8-tensor (default: the model "
+        "folder's; env INFERIX_QUANT)",
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        default=env("INFERIX_KV_DTYPE", "auto"),
+        choices=("auto", "fp8", "int8"),
+        help="KV cache storage: auto (the model's dtype), fp8 or int8 "
+        "(8-bit pages with a scale per page and head); env INFERIX_KV_DTYPE",
+    )
     add_parallel_arguments(parser)
     return parser.parse_args()
 
@@ -144,6 +157,8 @@ def main() -> None:
         if magi is not None:
             if pod:
                 raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
+            if args.quant not in (None, "none"):
+                raise UserError(f"--quant {args.quant}: MAGI-1 models run unquantized for now")
             if not is_magi_preset(magi_preset_of(magi).name):  # checked before minutes of loading
                 raise UserError(
                     f"{magi}: the mesh knows models by preset name; write model.yaml with 'preset: <name>' "
@@ -157,7 +172,7 @@ def main() -> None:
                 )
             run_worker_pod(args, dtype, lambda model, driver: serve(args, model, driver))
         else:
-            serve(args, load_model(args.model, dtype=dtype, device=args.device))
+            serve(args, load_model(args.model, dtype=dtype, device=args.device, quant=args.quant))
     except UserError as exc:
         where = f" (rank {me})" if pod else ""
         print(f"python -m workers{where}: error: {exc}", file=sys.stderr, flush=True)
@@ -178,6 +193,7 @@ def serve(args: argparse.Namespace, model: LoadedModel | MagiModel, driver: PodD
         realtime_streams=args.realtime_streams,
         compile=args.compile,
         cuda_graphs=args.cuda_graphs,
+        kv_dtype=args.kv_dtype,
     )
     options = ServerOptions.from_args(args)
     stop = asyncio.Event()

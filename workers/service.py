@@ -88,6 +88,8 @@ class WorkerConfig:
     compile: bool = False
     # Replay the DiT step from CUDA graphs captured at the native resolution before serving.
     cuda_graphs: bool = False
+    # KV cache storage: "auto" (the model's dtype), "fp8" or "int8" (see `KVPoolSpec.kv_dtype`).
+    kv_dtype: str = "auto"
 
 
 class BlockOutOfOrder(Exception):
@@ -116,9 +118,15 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         if isinstance(model, MagiModel):
             if driver is not None:
                 raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
+            if config.kv_dtype != "auto":
+                raise UserError(f"--kv-dtype {config.kv_dtype}: MAGI-1 keeps its KV cache in the model's dtype")
             self.engine = MagiEngine(model, kv_pages=config.kv_pages)
         elif driver is None:
-            self.engine = Engine(model, shared_pool(model, config.kv_pages))
+            self.engine = Engine(model, shared_pool(model, config.kv_pages, config.kv_dtype))
+        elif config.kv_dtype != "auto":
+            raise UserError(
+                f"--kv-dtype {config.kv_dtype}: a sequence-parallel pod keeps its KV cache in the model's dtype"
+            )
         else:  # the pod's pool was built on every rank with the pod (rank 0's shard here)
             self.engine = Engine(model, driver=driver)
         if config.compile and config.cuda_graphs:

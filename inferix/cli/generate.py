@@ -52,6 +52,18 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: fp32 on CPU, bf16 on CUDA)")
     parser.add_argument("--attention", default="auto", help="attention backend: auto, sdpa, flash")
+    parser.add_argument(
+        "--quant",
+        default=None,
+        help="quantize the DiT's block linears: none, int8 (W8A8), int8-wo (weights only), fp8, fp8-tensor "
+        "(default: the model folder's; see Quantization in the README)",
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        default="auto",
+        choices=("auto", "fp8", "int8"),
+        help="KV cache storage: auto (the model's dtype), fp8 or int8 (8-bit pages with a scale per page and head)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     parser.add_argument(
         "--compile",
@@ -91,7 +103,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     started = time.perf_counter()
-    engine = load_engine(args.model, dtype=dtype, device=args.device, attention_backend=args.attention)
+    engine = load_engine(
+        args.model,
+        dtype=dtype,
+        device=args.device,
+        attention_backend=args.attention,
+        quant=args.quant,
+        kv_dtype=args.kv_dtype,
+    )
     model = engine.model
     width, height = args.width or model.width, args.height or model.height
     if args.compile and args.cuda_graphs:

@@ -18,6 +18,7 @@ _COMMAND_MODULES = [
     "inferix.cli.session",
     "inferix.cli.profile",
     "inferix.cli.lvbench",
+    "inferix.cli.quantize",
 ]
 
 

@@ -82,6 +82,19 @@ def register(subparsers: Any) -> None:
         help="workers replay their DiT step from CUDA graphs captured before they serve (CUDA devices only)",
     )
     parser.add_argument(
+        "--quant",
+        default=None,
+        help="workers quantize their DiT's block linears: none, int8 (W8A8), int8-wo (weights only), fp8, fp8-tensor "
+        "(default: the model folder's; see Quantization in the README)",
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        default="auto",
+        choices=("auto", "fp8", "int8"),
+        help="workers' KV cache storage: auto (the model's dtype), fp8 or int8 "
+        "(8-bit pages with a scale per page and head)",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=None,
@@ -144,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         capacity_probe=args.capacity_probe,
         compile=args.compile,
         cuda_graphs=args.cuda_graphs,
+        quant=args.quant,
+        kv_dtype=args.kv_dtype,
         http_port=args.http_port,
         rtmp=args.rtmp,
         env={INTERNAL_TOKEN_ENV: token} if token else {},

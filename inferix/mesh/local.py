@@ -60,6 +60,10 @@ class MeshConfig:
     compile: bool = False
     # Workers replay their DiT step from CUDA graphs captured before they listen.
     cuda_graphs: bool = False
+    # Workers quantize their DiT (`--quant`; None: the model folder's choice).
+    quant: str | None = None
+    # Workers store their KV pages in 8 bits ("fp8", "int8") or the model's dtype ("auto").
+    kv_dtype: str = "auto"
     metrics: bool = True
     heartbeat_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
@@ -156,6 +160,10 @@ def _launch_worker(
         args.append("--compile")
     if config.cuda_graphs:
         args.append("--cuda-graphs")
+    if config.quant is not None:
+        args += ["--quant", config.quant]
+    if config.kv_dtype != "auto":
+        args += ["--kv-dtype", config.kv_dtype]
     module = "workers"
     if config.ranks_per_worker > 1:
         # A pod: torchrun starts the ranks, rank 0 writes the port file and is stopped first (inferix/mesh/launch.py).

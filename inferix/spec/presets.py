@@ -41,7 +41,18 @@ _PRESET_DIR = "presets"
 BUILTIN_MODELS = ("toyworld", "tiny")
 DEFAULT_MODEL = "toyworld"
 T = TypeVar("T")
-_SECTIONS = ("name", "description", "dit", "pipeline", "vae", "text_encoder", "video", "files", "random_weights")
+_SECTIONS = (
+    "name",
+    "description",
+    "dit",
+    "pipeline",
+    "vae",
+    "text_encoder",
+    "video",
+    "files",
+    "random_weights",
+    "quant",
+)
 
 
 @dataclass(frozen=True)
@@ -101,8 +112,12 @@ class ModelPreset:
     video: VideoDefaults
     files: ModelFiles | None = None
     random_weights_seed: int | None = None
+    # The DiT's default quantization (`--quant`); a quantized checkpoint's model.yaml names its own.
+    quant: str = "none"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.quant, str) or not self.quant:
+            raise ValueError(f"quant must name a quantization mode (e.g. none, int8, fp8), got {self.quant!r}")
         if (self.files is None) == (self.random_weights_seed is None):
             raise ValueError("a preset needs exactly one of 'files' and 'random_weights'")
         dit, vae, text = self.dit, self.vae, self.text_encoder
@@ -161,6 +176,7 @@ class ModelPreset:
                 video=_build(VideoDefaults, _section(data, "video", where), f"{where}: video"),
                 files=None if files is None else _build(ModelFiles, files, f"{where}: files"),
                 random_weights_seed=None if random is None else _random_seed(random, where),
+                quant=data.get("quant", "none"),
             )
         except ValueError as exc:
             if isinstance(exc, UserError):

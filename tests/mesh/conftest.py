@@ -62,12 +62,13 @@ def stream_info(mesh: Mesh, session_id: str) -> streamer_pb2.GetStreamInfoRespon
 
 
 @cache
-def generate_digest(schedule: tuple[PromptChange, ...], blocks: int, seed: int) -> str:
-    """sha256 of the raw frames `inferix generate` makes for this session (run as a real CLI)."""
+def generate_digest(schedule: tuple[PromptChange, ...], blocks: int, seed: int, extra: tuple[str, ...] = ()) -> str:
+    """sha256 of the raw frames `inferix generate` makes for this session (run as a real CLI, with ``extra``
+    arguments such as ``--quant int8``)."""
     args = ["--prompt", schedule[0].text]
     for change in schedule[1:]:
         args += ["--prompt-at", f"{change.at_block}:{change.text}"]
-    out = Path(f"/tmp/inferix-generate-{seed}-{blocks}-{abs(hash(schedule))}.mp4")
+    out = Path(f"/tmp/inferix-generate-{seed}-{blocks}-{abs(hash((schedule, extra)))}.mp4")
     result = subprocess.run(
         [
             sys.executable,
@@ -82,6 +83,7 @@ def generate_digest(schedule: tuple[PromptChange, ...], blocks: int, seed: int) 
             "--threads",
             "1",
             "--quiet",
+            *extra,
             "--out",
             str(out),
         ],

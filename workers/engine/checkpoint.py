@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from safetensors.torch import load_file
@@ -38,6 +38,14 @@ from torch import Tensor, nn
 from inferix.errors import CheckpointError, UserError
 from inferix.spec.architectures import DiTWeights, WanDiTConfig
 from workers.engine.models.wan.dit import CausalWanDiT
+from workers.engine.quant import (
+    QuantMode,
+    check_quant_device,
+    quantize_linears,
+    quantized_skeleton,
+    run_mode,
+    stored_quant,
+)
 
 __all__ = [
     "DTYPES",
@@ -461,25 +469,43 @@ def load_dit(
     device: torch.device | str = "cpu",
     weights: DiTWeights = "ema",
     attention_backend: str = "auto",
+    quant: QuantMode | None = None,
 ) -> CausalWanDiT:
     """Load a causal Wan DiT from a checkpoint file or a Wan model folder (see the module docstring).
 
     For a folder, the architecture comes from its ``config.json`` (fields it does not set keep
-    ``config``'s values); for a file, from ``config``.
+    ``config``'s values); for a file, from ``config``. A quantized checkpoint (`workers.engine.quant`)
+    loads as it is; ``quant`` quantizes a full-precision one on load, from its stored values, so
+    that the result equals loading what `inferix quantize` writes from it.
     """
     path = Path(path)
+    shard_of: Callable[[str], str | None] | None = None
     if path.is_dir():
         raw, wan_config = read_wan_folder(path)
         config = dit_config_from_wan_config(wan_config, config, path / WAN_CONFIG)
         state = from_diffusers_names(raw) if _is_diffusers_naming(raw) else raw
+        if (path / WAN_INDEX).is_file():
+            shard_of = json.loads((path / WAN_INDEX).read_text())["weight_map"].get  # read_wan_folder checked it
     else:
         state = dit_state_from_checkpoint(read_checkpoint(path, "DiT checkpoint"), path, weights)
-    return load_into(
-        lambda: CausalWanDiT(config, attention_backend=attention_backend),
+    state, stored = stored_quant(state, path, shard_of)
+    mode = run_mode(quant, stored, path)
+    check_quant_device(mode.is_fp8, device)
+
+    def build() -> CausalWanDiT:
+        return CausalWanDiT(config, attention_backend=attention_backend)
+
+    dit = load_into(
+        cast(Callable[[], CausalWanDiT], quantized_skeleton(build, mode)) if stored else build,
         state,
         path,
-        dtype=dtype,
+        dtype=None if mode.enabled else dtype,
         device=device,
         what="causal Wan DiT",
         hint=_DIT_HINT,
     )
+    if not mode.enabled:
+        return dit
+    if stored is None:
+        quantize_linears(dit, mode)
+    return dit.to(dtype) if dtype is not None else dit

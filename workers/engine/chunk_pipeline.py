@@ -172,11 +172,14 @@ class ChunkPipeline:
         layers, groups, head_dim = self.kv_layout
         return layers, groups // self.dit.kv_group_split, head_dim
 
-    def pool_spec(self, height: int, width: int, num_pages: int, device: str = "cpu") -> KVPoolSpec:
-        """A pool of `num_pages` pages of one latent frame at this latent size (this rank's KV groups)."""
+    def pool_spec(
+        self, height: int, width: int, num_pages: int, device: str = "cpu", kv_dtype: str = "auto"
+    ) -> KVPoolSpec:
+        """A pool of `num_pages` pages of one latent frame at this latent size (this rank's KV groups),
+        K/V stored as `kv_dtype` (see `KVPoolSpec`)."""
         layers, groups, head_dim = self.rank_kv_layout
         page = self.tokens_per_frame(height, width)
-        return KVPoolSpec(layers, groups, head_dim, page, num_pages, device=device)
+        return KVPoolSpec(layers, groups, head_dim, page, num_pages, device=device, kv_dtype=kv_dtype)
 
     def open_session(
         self,

@@ -53,12 +53,9 @@ class StaticPagedCache:
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
         spec = self.pool.spec
         shape = (-1, spec.page_size, spec.num_heads, spec.head_dim)
-        k_pages, v_pages = self.pool.layer_k[layer], self.pool.layer_v[layer]
-        k_pages.index_copy_(0, self.write_ids, k[0].reshape(shape).to(k_pages.dtype))
-        v_pages.index_copy_(0, self.write_ids, v[0].reshape(shape).to(v_pages.dtype))
-        keys = k_pages.index_select(0, self.read_ids).flatten(0, 1).unsqueeze(0)
-        values = v_pages.index_select(0, self.read_ids).flatten(0, 1).unsqueeze(0)
-        return backend.dense(q, keys, values)
+        self.pool.write(layer, self.write_ids, k[0].reshape(shape), v[0].reshape(shape))
+        keys, values = self.pool.fetch_pages(layer, self.read_ids)  # dequantized when the pool is 8-bit
+        return backend.dense(q, keys.unsqueeze(0), values.unsqueeze(0))
 
 
 StepKey = tuple[tuple[int, ...], tuple[int, ...], int, int, torch.dtype]

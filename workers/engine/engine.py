@@ -308,33 +308,42 @@ class EngineSession:
         self.close()
 
 
-def shared_pool(model: LoadedModel, kv_pages: int) -> KVPool:
+def shared_pool(model: LoadedModel, kv_pages: int, kv_dtype: str = "auto") -> KVPool:
     """A KV pool for all of an engine's sessions: `kv_pages` pages of one latent frame at the model's
-    native resolution (what a worker holds). Sessions in one pool attend together when batched.
+    native resolution (what a worker holds), K/V stored as `kv_dtype` (see `KVPoolSpec`). Sessions in
+    one pool attend together when batched.
 
     In a pod (sequence parallelism installed on the DiT) a page is this rank's shard of a frame.
     """
     pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config)  # only for its cache layout
-    return KVPool(pipeline.pool_spec(*native_latent_size(model.preset), kv_pages))
+    return KVPool(pipeline.pool_spec(*native_latent_size(model.preset), kv_pages, kv_dtype))
 
 
 class Engine:
     """A loaded model plus its block pipeline and KV pool; opens `EngineSession`s.
 
     With `driver` (rank 0 of a worker pod) the pipeline and pool are the driver's, and sessions
-    open on every rank of the pod.
+    open on every rank of the pod. `kv_dtype` is how every pool the engine makes stores K/V (see
+    `KVPoolSpec`); by default that of `pool`, else "auto".
     """
 
-    def __init__(self, model: LoadedModel, pool: KVPool | None = None, driver: PodDriver | None = None) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        pool: KVPool | None = None,
+        driver: PodDriver | None = None,
+        kv_dtype: str | None = None,
+    ) -> None:
         if driver is not None and pool is not None:
             raise ValueError("a pod's KV pool is its driver's pipeline's: pass pool or driver, not both")
         self.model = model
         self.driver = driver
-        self.pipeline = (
-            driver.engine.pipeline
-            if driver is not None
-            else BlockDiffusionPipeline(model.dit, model.pipeline_config, pool)
-        )
+        if driver is None:
+            self.pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config, pool, kv_dtype)
+        else:
+            self.pipeline = driver.engine.pipeline
+            if kv_dtype is not None and kv_dtype != self.pipeline.kv_dtype:
+                raise ValueError(f"the pod's pipeline stores K/V as {self.pipeline.kv_dtype!r}, not {kv_dtype!r}")
 
     @classmethod
     def load(
@@ -346,16 +355,23 @@ class Engine:
         attention_backend: str = "auto",
         pool: KVPool | None = None,
         kv_pages: int | None = None,
+        quant: str | None = None,
+        kv_dtype: str = "auto",
     ) -> Engine:
         """An engine over a model folder or a built-in model (`toyworld` when None, `tiny`).
 
         Sessions share `pool`, or a pool of `kv_pages` pages (`shared_pool`); with neither, each
-        session sizes its own.
+        session sizes its own. The pools the engine makes store K/V as `kv_dtype` ("auto": the
+        model's dtype; "fp8" / "int8": 8 bits with a scale per page and head); a given `pool`, its own.
         """
         if pool is not None and kv_pages is not None:
             raise ValueError("pass pool or kv_pages, not both")
-        loaded = load_model(model, dtype=dtype, device=device, attention_backend=attention_backend)
-        return cls(loaded, pool if kv_pages is None else shared_pool(loaded, kv_pages))
+        if pool is not None and kv_dtype != "auto":
+            raise ValueError("pass pool or kv_dtype, not both: a pool's spec says how it stores K/V")
+        loaded = load_model(model, dtype=dtype, device=device, attention_backend=attention_backend, quant=quant)
+        if kv_pages is not None:
+            pool = shared_pool(loaded, kv_pages, kv_dtype)
+        return cls(loaded, pool, kv_dtype=None if pool is not None else kv_dtype)
 
     @property
     def pool(self) -> KVPool | None:
@@ -395,7 +411,7 @@ class Engine:
         size = latent_size(self.model, width or self.model.width, height or self.model.height)
         if self.pipeline.pool is None:
             frames = self.pipeline.session_frames(num_blocks)
-            self.pipeline.pool = KVPool(self.pipeline.pool_spec(*size, frames))
+            self.pipeline.pool = KVPool(self.pipeline.pool_spec(*size, frames, self.pipeline.kv_dtype))
         use_cuda_graphs(self.model.dit, self.pipeline.pool)
         return warm_up(self.pipeline, *size, num_blocks=num_blocks)
 

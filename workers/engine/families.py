@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from inferix.errors import UserError
 from workers.engine.checkpoint import parse_dtype
 from workers.engine.engine import Engine
 from workers.engine.magi_engine import MagiEngine
@@ -37,10 +38,24 @@ def load_engine(
     device: torch.device | str = "cpu",
     attention_backend: str = "auto",
     kv_pages: int | None = None,
+    quant: str | None = None,
+    kv_dtype: str = "auto",
 ) -> AnyEngine:
     """The engine of a model folder or built-in model (see `Engine.load`), whatever its family."""
     folder = magi_folder(model)
     if folder is None:
-        return Engine.load(model, dtype=dtype, device=device, attention_backend=attention_backend, kv_pages=kv_pages)
+        return Engine.load(
+            model,
+            dtype=dtype,
+            device=device,
+            attention_backend=attention_backend,
+            kv_pages=kv_pages,
+            quant=quant,
+            kv_dtype=kv_dtype,
+        )
+    if quant not in (None, "none"):
+        raise UserError(f"--quant {quant}: MAGI-1 models run unquantized for now (Wan-family models quantize)")
+    if kv_dtype != "auto":
+        raise UserError("--kv-dtype is not supported for MAGI-1 yet; leave it at 'auto'")
     loaded = load_magi_model(folder, parse_dtype(dtype), device)
     return MagiEngine(loaded, kv_pages=kv_pages)

@@ -54,6 +54,7 @@ from workers.engine.models.wan.text_encoder import PromptEncoder, UMT5Encoder
 from workers.engine.models.wan.tokenizer import EOS_TOKEN, PAD_TOKEN, TOKENIZER_JSON, PromptTokenizer
 from workers.engine.models.wan.vae import WanVAE
 from workers.engine.precision import warn_if_emulated
+from workers.engine.quant import QuantMode, check_quant_device, parse_quant, quantize_linears
 
 __all__ = [
     "MODEL_YAML",
@@ -202,6 +203,16 @@ def resolve_model_dir(path: str | Path) -> ModelDirectory:
     )
 
 
+def _preset_quant(preset: ModelPreset, root: Path) -> QuantMode | None:
+    """The quantization the model folder asks for (None: whatever its checkpoint holds)."""
+    if preset.quant == "none":
+        return None
+    try:
+        return parse_quant(preset.quant)
+    except UserError as exc:
+        raise UserError(f"{root / MODEL_YAML}: 'quant: {preset.quant}' is not a mode ({exc})") from None
+
+
 def _how(source: str, root: Path, what: str) -> str:
     get = f"get it with: {source.replace('{folder}', str(root))}" if source else f"copy {what} there"
     return f"{get} (or set its path under 'files:' in {root / MODEL_YAML})"
@@ -232,7 +243,9 @@ def byte_level_tokenizer(text_len: int) -> PromptTokenizer:
         return PromptTokenizer(folder, text_len=text_len)
 
 
-def _load_random(preset: ModelPreset, dtype: torch.dtype, device: torch.device | str, backend: str) -> LoadedModel:
+def _load_random(
+    preset: ModelPreset, dtype: torch.dtype, device: torch.device | str, backend: str, quant: QuantMode
+) -> LoadedModel:
     seed = preset.random_weights_seed
     if seed is None:
         raise UserError(f"preset {preset.name!r} reads its weights from a model folder; pass its path")
@@ -241,7 +254,13 @@ def _load_random(preset: ModelPreset, dtype: torch.dtype, device: torch.device |
     def build(factory: Callable[[], ModuleT]) -> ModuleT:
         return load_into(factory, seeded_state_dict(factory, seed), source, dtype=dtype, device=device)
 
-    dit = build(lambda: CausalWanDiT(preset.dit, attention_backend=backend))
+    if quant.enabled:  # quantized from the fp32 values, as a checkpoint of them would be
+        check_quant_device(quant.is_fp8, device)
+        state = seeded_state_dict(lambda: CausalWanDiT(preset.dit), seed)
+        full = load_into(lambda: CausalWanDiT(preset.dit, attention_backend=backend), state, source, device=device)
+        dit = quantize_linears(full, quant).to(dtype)
+    else:
+        dit = build(lambda: CausalWanDiT(preset.dit, attention_backend=backend))
     vae_config = preset.vae
     vae: WanVAE | PatchVAE = (
         build(lambda: PatchVAE(vae_config))
@@ -264,18 +283,23 @@ def load_model(
     dtype: torch.dtype | str = torch.float32,
     device: torch.device | str = "cpu",
     attention_backend: str = "auto",
+    quant: str | QuantMode | None = None,
 ) -> LoadedModel:
     """Load the model of a model folder, or a built-in model: ``toyworld`` (the default when ``path``
     is None; trained weights shipped in the package) or ``tiny`` (random weights, for smoke tests).
 
-    All three networks get ``dtype`` (fp32 / bf16 / fp16) and ``device``.
+    All three networks get ``dtype`` (fp32 / bf16 / fp16) and ``device``. ``quant`` (`--quant`;
+    None: the preset's / model.yaml's) quantizes the DiT's block linears (`workers.engine.quant`).
     """
     weight_dtype = parse_dtype(dtype)
     warn_if_emulated(weight_dtype, device)
+    requested = None if quant is None else parse_quant(quant)
     source = DEFAULT_MODEL if path is None else path
     builtin = builtin_model_name(source)
     if builtin == "tiny":
-        return _load_random(load_preset("tiny"), weight_dtype, device, attention_backend)
+        preset = load_preset("tiny")
+        mode = requested or parse_quant(preset.quant)
+        return _load_random(preset, weight_dtype, device, attention_backend, mode)
     if builtin == "toyworld":
         if not (TOYWORLD_WEIGHTS / MODEL_YAML).is_file():
             raise UserError(
@@ -292,6 +316,7 @@ def load_model(
         device=device,
         weights=folder.files.dit_weights,
         attention_backend=attention_backend,
+        quant=requested or _preset_quant(preset, folder.root),
     )
     if dit.config != preset.dit:  # a Wan model folder's config.json defines the DiT
         try:

@@ -38,7 +38,7 @@ from torch import Tensor
 from inferix.profiling import profile
 from inferix.spec.sampling import PipelineConfig, rope_rebase
 from workers.engine.flow_match import FlowMatchSchedule
-from workers.engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
+from workers.engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache, check_kv_dtype
 from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV, DiTCall
 from workers.engine.noise import NoiseSource, SeededNoise
 
@@ -90,14 +90,23 @@ class ReplayBlock:
 
 
 class BlockDiffusionPipeline:
-    """Holds the model, the schedule and the KV pool; opens generation sessions."""
+    """Holds the model, the schedule and the KV pool; opens generation sessions.
 
-    def __init__(self, dit: CausalWanDiT, config: PipelineConfig, pool: KVPool | None = None) -> None:
+    `kv_dtype` is how the pools the pipeline makes itself store K/V (see `KVPoolSpec`); by default
+    that of `pool`, else "auto".
+    """
+
+    def __init__(
+        self, dit: CausalWanDiT, config: PipelineConfig, pool: KVPool | None = None, kv_dtype: str | None = None
+    ) -> None:
+        if pool is not None and kv_dtype is not None and kv_dtype != pool.spec.kv_dtype:
+            raise ValueError(f"the pool stores K/V as kv_dtype={pool.spec.kv_dtype!r}, not {kv_dtype!r}")
         self.dit = dit
         self.config = config
         self.schedule = FlowMatchSchedule(config.sampling.schedule)
         self.timesteps = self.schedule.denoising_timesteps(config.sampling)
         self.pool = pool
+        self.kv_dtype = check_kv_dtype(kv_dtype or (pool.spec.kv_dtype if pool is not None else "auto"))
 
     @property
     def device(self) -> torch.device:
@@ -112,8 +121,9 @@ class BlockDiffusionPipeline:
         layout = (cfg.num_heads, cfg.tokens_per_frame(latent_height, latent_width))
         return layout if self.dit.parallel is None else self.dit.parallel.cache_layout(*layout)
 
-    def pool_spec(self, latent_height: int, latent_width: int, frames: int) -> KVPoolSpec:
-        """A pool spec with one page per latent frame, room for `frames` frames in total."""
+    def pool_spec(self, latent_height: int, latent_width: int, frames: int, kv_dtype: str = "auto") -> KVPoolSpec:
+        """A pool spec with one page per latent frame, room for `frames` frames in total, K/V stored
+        as `kv_dtype` ("auto": the model's dtype; "fp8" / "int8": 8 bits and a scale per page and head)."""
         cfg = self.dit.config
         weight = self.dit.patch_embedding.weight
         heads, tokens_per_frame = self.cache_layout(latent_height, latent_width)
@@ -125,6 +135,7 @@ class BlockDiffusionPipeline:
             num_pages=frames,
             dtype=weight.dtype,
             device=str(weight.device),
+            kv_dtype=kv_dtype,
         )
 
     def session_frames(self, num_blocks: int | None) -> int:
@@ -159,7 +170,7 @@ class BlockDiffusionPipeline:
             frames = self.session_frames(num_blocks)
             if self.config.block.is_global:
                 frames += init_frames
-            pool = KVPool(self.pool_spec(latent_height, latent_width, frames))
+            pool = KVPool(self.pool_spec(latent_height, latent_width, frames, self.kv_dtype))
         return GenerationSession(
             self,
             pool,

@@ -18,6 +18,13 @@ reads them in the same order and computes the same bits.
 Fetching: when the pages attention reads form one ascending run it reads a view of the pool
 (range fetch, no copy); otherwise it gathers the pages by id (index fetch), or hands the page
 list to a backend with a native paged kernel.
+
+8-bit pages (`kv_dtype="fp8"` or `"int8"`): K and V are stored in 8 bits with one fp32 scale per
+(layer, page, head) for each, symmetric (scale = amax / 448 for fp8 e4m3, amax / 127 for int8).
+Every write of a page re-quantizes it with a fresh scale: a page is a whole number of a frame's
+tokens and every denoising step of a block rewrites its frames whole, so the scale always fits
+the page's current contents. Reads dequantize page by page into `dtype` (a fresh tensor, never a
+view) before any attention kernel runs; the host tier moves the 8-bit pages with their scales.
 """
 
 from __future__ import annotations
@@ -34,6 +41,40 @@ from workers.engine.attention.backends import AttentionBackend
 from workers.engine.kv.errors import KVCapacityError, KVOrderError
 from workers.engine.kv.protocol import KeyRotation
 
+KV_DTYPES = ("auto", "fp8", "int8")
+# The largest stored magnitude of each 8-bit format: a (page, head)'s amax maps onto it.
+_QMAX = {"fp8": 448.0, "int8": 127.0}
+# fp8 e4m3 pages are kept as their raw bytes: CPU kernels lack index_copy for float8 types.
+_STORAGE = {"fp8": torch.uint8, "int8": torch.int8}
+_SCALE_BYTES = 4  # fp32
+# Pages to write or read: one run (first, count) or page ids.
+Pages = tuple[int, int] | Tensor
+
+
+def check_kv_dtype(kv_dtype: str) -> str:
+    """`kv_dtype` if it names a storage mode, else a ValueError naming the allowed values."""
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(map(repr, KV_DTYPES))}, got {kv_dtype!r}")
+    return kv_dtype
+
+
+def quantize_pages(x: Tensor, kv_dtype: str) -> tuple[Tensor, Tensor]:
+    """8-bit pages of x [n, page_size, H, D] and their fp32 scales [n, H] (symmetric, per page and head)."""
+    qmax = _QMAX[kv_dtype]
+    x = x.float()
+    amax = x.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))  # an all-zero page stays zero
+    q = (x / scale[:, None, :, None]).clamp(-qmax, qmax)
+    if kv_dtype == "int8":
+        return q.round().to(torch.int8), scale
+    return q.to(torch.float8_e4m3fn).view(torch.uint8), scale
+
+
+def dequantize_pages(q: Tensor, scale: Tensor, kv_dtype: str, dtype: torch.dtype) -> Tensor:
+    """Pages [n, page_size, H, D] in `dtype` from 8-bit pages and their scales [n, H]."""
+    values = q.view(torch.float8_e4m3fn) if kv_dtype == "fp8" else q
+    return (values.float() * scale[:, None, :, None]).to(dtype)
+
 
 @dataclass(frozen=True)
 class KVPoolSpec:
@@ -47,6 +88,7 @@ class KVPoolSpec:
     dtype: torch.dtype = torch.float32
     device: str = "cpu"
     host_pages: int | None = None
+    kv_dtype: str = "auto"  # "auto": pages in `dtype`; "fp8" / "int8": 8-bit pages + scales
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_heads", "head_dim", "page_size", "num_pages"):
@@ -54,12 +96,25 @@ class KVPoolSpec:
                 raise ValueError(f"KVPoolSpec.{name} must be >= 1, got {getattr(self, name)}")
         if self.host_pages is not None and self.host_pages < 0:
             raise ValueError(f"KVPoolSpec.host_pages must be >= 0 or None, got {self.host_pages}")
+        check_kv_dtype(self.kv_dtype)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether pages hold 8-bit K/V with scales (read back in `dtype`)."""
+        return self.kv_dtype != "auto"
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        """The dtype of the page tensors: `dtype`, int8, or uint8 holding fp8 e4m3 bits."""
+        return _STORAGE[self.kv_dtype] if self.quantized else self.dtype
 
     @property
     def page_bytes(self) -> int:
-        """Bytes of one page: K and V, every layer."""
-        element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.page_size * self.num_heads * self.head_dim * element
+        """Bytes of one page: K and V, every layer (with their scales when 8-bit)."""
+        element = torch.empty((), dtype=self.storage_dtype).element_size()
+        values = 2 * self.num_layers * self.page_size * self.num_heads * self.head_dim * element
+        scales = 2 * self.num_layers * self.num_heads * _SCALE_BYTES if self.quantized else 0
+        return values + scales
 
     @property
     def total_bytes(self) -> int:
@@ -124,11 +179,20 @@ class KVPool:
     def __init__(self, spec: KVPoolSpec) -> None:
         self.spec = spec
         shape = (spec.num_layers, spec.num_pages, spec.page_size, spec.num_heads, spec.head_dim)
-        self.k = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
-        self.v = torch.zeros(shape, dtype=spec.dtype, device=spec.device)
+        self.k = torch.zeros(shape, dtype=spec.storage_dtype, device=spec.device)
+        self.v = torch.zeros(shape, dtype=spec.storage_dtype, device=spec.device)
         # One view per layer, what the DiT's calls read and write: a compiled step that wrote into
         # the whole [layers, ...] tensor several times would have inductor copy the whole pool per call.
         self.layer_k, self.layer_v = list(self.k.unbind(0)), list(self.v.unbind(0))
+        # 8-bit pools: the fp32 scale of every (layer, page, head) of K and of V.
+        self.k_scale: Tensor | None = None
+        self.v_scale: Tensor | None = None
+        self._layer_scales: dict[str, list[Tensor]] = {}
+        if spec.quantized:
+            scale_shape = (spec.num_layers, spec.num_pages, spec.num_heads)
+            self.k_scale = torch.ones(scale_shape, dtype=torch.float32, device=spec.device)
+            self.v_scale = torch.ones(scale_shape, dtype=torch.float32, device=spec.device)
+            self._layer_scales = {"k": list(self.k_scale.unbind(0)), "v": list(self.v_scale.unbind(0))}
         self._free: list[int] = list(range(spec.num_pages))  # kept sorted: low ids first keeps runs
         self._lock = threading.RLock()
         self._sessions: dict[str, PagedSessionCache] = {}
@@ -247,22 +311,59 @@ class KVPool:
         with self._lock:
             self._host_pages_used -= count
 
-    # ---- fetch ----------------------------------------------------------------------------
+    # ---- read and write -------------------------------------------------------------------
+    @property
+    def kv_read_path(self) -> Literal["direct", "dequantize-per-page"]:
+        """How attention reads the pages: as stored, or dequantized page by page into `spec.dtype`
+        (8-bit pools; no kernel here reads 8-bit pages directly)."""
+        return "dequantize-per-page" if self.spec.quantized else "direct"
+
     def fetch_range(self, layer: int, first_page: int, count: int) -> tuple[Tensor, Tensor]:
-        """K, V [count*page_size, H, D] of consecutive pages: views into the pool, no copy."""
+        """K, V [count*page_size, H, D] of consecutive pages: views into the pool, no copy
+        (an 8-bit pool: a dequantized copy)."""
         if first_page < 0 or first_page + count > self.spec.num_pages:
             raise IndexError(f"page range [{first_page}, {first_page + count}) outside the pool")
-        k = self.layer_k[layer][first_page : first_page + count].flatten(0, 1)
-        v = self.layer_v[layer][first_page : first_page + count].flatten(0, 1)
-        return k, v
+        run = (first_page, count)
+        return self._read("k", layer, run).flatten(0, 1), self._read("v", layer, run).flatten(0, 1)
 
     def fetch_pages(self, layer: int, page_ids: list[int] | Tensor) -> tuple[Tensor, Tensor]:
         """K, V [len(page_ids)*page_size, H, D] of arbitrary pages in the given order (a copy)."""
         ids = torch.as_tensor(page_ids, dtype=torch.long, device=self.k.device)
-        return (
-            self.layer_k[layer].index_select(0, ids).flatten(0, 1),
-            self.layer_v[layer].index_select(0, ids).flatten(0, 1),
-        )
+        return self._read("k", layer, ids).flatten(0, 1), self._read("v", layer, ids).flatten(0, 1)
+
+    def write(self, layer: int, pages: Pages, k: Tensor, v: Tensor) -> None:
+        """Store K, V pages [n, page_size, H, D] of `layer` at a run (first, count) or page ids;
+        an 8-bit pool quantizes each page with a fresh scale per head."""
+        self._write("k", layer, pages, k)
+        self._write("v", layer, pages, v)
+
+    def _read(self, name: Literal["k", "v"], layer: int, pages: Pages) -> Tensor:
+        data = (self.layer_k if name == "k" else self.layer_v)[layer]
+        taken = data[pages[0] : pages[0] + pages[1]] if isinstance(pages, tuple) else data.index_select(0, pages)
+        if not self.spec.quantized:
+            return taken
+        scale = self._layer_scales[name][layer]
+        scales = scale[pages[0] : pages[0] + pages[1]] if isinstance(pages, tuple) else scale.index_select(0, pages)
+        return dequantize_pages(taken, scales, self.spec.kv_dtype, self.spec.dtype)
+
+    def _write(self, name: Literal["k", "v"], layer: int, pages: Pages, x: Tensor) -> None:
+        data = (self.layer_k if name == "k" else self.layer_v)[layer]
+        if self.spec.quantized:
+            x, scales = quantize_pages(x, self.spec.kv_dtype)
+            scale = self._layer_scales[name][layer]
+            if isinstance(pages, tuple):
+                scale[pages[0] : pages[0] + pages[1]] = scales
+            else:
+                scale.index_copy_(0, pages, scales)
+        if isinstance(pages, tuple):
+            data[pages[0] : pages[0] + pages[1]] = x
+        else:
+            data.index_copy_(0, pages, x.to(data.dtype))
+
+    def _page_tensors(self) -> list[Tensor]:
+        """Every tensor indexed [layer, page, ...]: what a session's pages are made of."""
+        scales = [] if self.k_scale is None or self.v_scale is None else [self.k_scale, self.v_scale]
+        return [self.k, self.v, *scales]
 
     # ---- accounting -----------------------------------------------------------------------
     def usage(self) -> PoolUsage:
@@ -311,7 +412,7 @@ class PagedSessionCache:
         self.position_offset = 0  # a cached key's RoPE time position is its frame minus this
         self.peak_pages = 0
         self._tier: Literal["device", "host"] = "device"
-        self._host: tuple[Tensor, Tensor] | None = None
+        self._host: tuple[Tensor, ...] | None = None  # the pages' tensors (`KVPool._page_tensors`)
         self._ready: torch.cuda.Event | None = None
         self._write: list[int] = []  # the pages `begin` prepared, in the call's frame order
         self._write_ids: Tensor | None = None
@@ -319,6 +420,10 @@ class PagedSessionCache:
         self._table_ids: Tensor | None = None
         self._table_run: tuple[int, int] | None = None
         self._page_ids: Tensor | None = None  # every page, for batched attention (made when asked)
+        # An 8-bit pool: the dequantized pages `layer_pages` last returned (layer, K, V), which the
+        # layer's `store` brings up to date, and where in them the pages `begin` prepared sit.
+        self._read_copy: tuple[int, Tensor, Tensor] | None = None
+        self._write_rows: Tensor | None = None
 
     # ---- the SelfAttentionCache protocol ---------------------------------------------------
     def begin(self, start_frame: int, num_frames: int) -> None:
@@ -339,31 +444,55 @@ class PagedSessionCache:
         self._write = write
         self._write_run = _as_run(write)
         self._write_ids = None if self._write_run else self._ids(write)
+        self._read_copy = self._write_rows = None
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
+        # Pages `layer_pages` just dequantized for this layer (the store below updates them) are reused.
+        copy = self._read_copy if self._read_copy is not None and self._read_copy[0] == layer else None
         self.store(layer, k, v)
         pool = self.pool
+        if copy is not None:
+            _, k_all, v_all = copy
+            return backend.dense(q, k_all.flatten(0, 1).unsqueeze(0), v_all.flatten(0, 1).unsqueeze(0))
         if self._table_run is not None:
             k_all, v_all = pool.fetch_range(layer, *self._table_run)
             return backend.dense(q, k_all.unsqueeze(0), v_all.unsqueeze(0))
         assert self._table_ids is not None
+        if pool.spec.quantized:  # a backend reads pages as stored: hand it dequantized ones
+            k_all, v_all = pool.fetch_pages(layer, self._table_ids)
+            return backend.dense(q, k_all.unsqueeze(0), v_all.unsqueeze(0))
         return backend.paged(q, pool.layer_k[layer], pool.layer_v[layer], self._table_ids)
 
     def store(self, layer: int, k: Tensor, v: Tensor) -> None:
-        """Write the call's K/V [1, rows, H, D] into the pages `begin` prepared."""
+        """Write the call's K/V [1, rows, H, D] into the pages `begin` prepared (whole pages)."""
         if k.shape[0] != 1:
             raise ValueError(f"a paged session cache holds one video; got batch size {k.shape[0]}")
         pool = self.pool
-        shape = (-1, pool.spec.page_size, pool.spec.num_heads, pool.spec.head_dim)
-        k_pages, v_pages = k[0].reshape(shape), v[0].reshape(shape)
-        if self._write_run is not None:
-            first, count = self._write_run
-            pool.layer_k[layer][first : first + count] = k_pages
-            pool.layer_v[layer][first : first + count] = v_pages
-        else:
-            assert self._write_ids is not None
-            pool.layer_k[layer].index_copy_(0, self._write_ids, k_pages.to(pool.k.dtype))
-            pool.layer_v[layer].index_copy_(0, self._write_ids, v_pages.to(pool.v.dtype))
+        page_size = pool.spec.page_size
+        if k.shape[1] != len(self._write) * page_size:
+            # An 8-bit page's scale is computed from the whole page: a write must cover whole pages.
+            raise ValueError(
+                f"session {self.session_id!r} stores {k.shape[1]} K/V rows but begin prepared "
+                f"{len(self._write)} page(s) of {page_size} tokens: a write covers whole pages"
+            )
+        shape = (-1, page_size, pool.spec.num_heads, pool.spec.head_dim)
+        pages = self._write_run if self._write_run is not None else self._write_ids
+        assert pages is not None
+        pool.write(layer, pages, k[0].reshape(shape), v[0].reshape(shape))
+        if self._read_copy is not None and self._read_copy[0] == layer:
+            self._refresh_read_copy(layer, pages)
+
+    def _refresh_read_copy(self, layer: int, written: Pages) -> None:
+        """Put the pages just written into the copy `layer_pages` returned: a batched forward reads
+        the session's pages before it stores the call's K/V, then attends over them."""
+        assert self._read_copy is not None
+        _, k_copy, v_copy = self._read_copy
+        if self._write_rows is None:
+            row = {page: i for i, page in enumerate(self.read_pages())}
+            self._write_rows = self._ids([row[page] for page in self._write])
+        k_copy.index_copy_(0, self._write_rows, self.pool._read("k", layer, written))
+        v_copy.index_copy_(0, self._write_rows, self.pool._read("v", layer, written))
+        self._read_copy = None  # its reader holds it; the cache need not keep it alive
 
     def write_pages(self) -> list[int]:
         """The pages the last `begin` prepared for the call's K/V, in the order of its frames."""
@@ -371,10 +500,26 @@ class PagedSessionCache:
 
     def layer_pages(self, layer: int) -> tuple[Tensor, Tensor, Tensor]:
         """The pool's K and V pages of `layer` and this session's page ids, in the order attention
-        reads them (frame order; slot order for a windowed session)."""
+        reads them (frame order; slot order for a windowed session).
+
+        An 8-bit pool returns the session's own pages dequantized, in that order, with ids 0..n-1;
+        a `store` of the same layer that follows is written into them too.
+        """
+        pool = self.pool
+        if not pool.spec.quantized:
+            if self._page_ids is None:
+                self._page_ids = self._ids(self.read_pages())
+            return pool.layer_k[layer], pool.layer_v[layer], self._page_ids
+        if self._table_run is not None:
+            pages: Pages = self._table_run
+        else:
+            assert self._table_ids is not None
+            pages = self._table_ids
+        k, v = pool._read("k", layer, pages), pool._read("v", layer, pages)
+        self._read_copy = (layer, k, v)
         if self._page_ids is None:
-            self._page_ids = self._ids(self.read_pages())
-        return self.pool.layer_k[layer], self.pool.layer_v[layer], self._page_ids
+            self._page_ids = torch.arange(k.shape[0], dtype=torch.long, device=k.device)
+        return k, v, self._page_ids
 
     # ---- RoPE re-basing -------------------------------------------------------------------
     def rebase(self, offset: int, rotate: KeyRotation) -> None:
@@ -391,8 +536,8 @@ class PagedSessionCache:
         if self.pages:
             ids = self._ids(self.pages)
             for layer in range(self.pool.spec.num_layers):
-                keys = self.pool.k[layer].index_select(0, ids)
-                self.pool.k[layer].index_copy_(0, ids, rotate(keys, shift))
+                # 8-bit keys are turned in `dtype` and re-quantized (a rebase is rare: its rounding stays small).
+                self.pool._write("k", layer, ids, rotate(self.pool._read("k", layer, ids), shift))
         self.position_offset = offset
 
     def _on_device(self) -> None:
@@ -483,6 +628,7 @@ class PagedSessionCache:
             self.pages = self._pages_of(self.frames)
         read = self.read_pages()
         self._page_ids = None
+        self._read_copy = self._write_rows = None
         self._table_run = _as_run(read)
         self._table_ids = None if self._table_run else self._ids(read)
 
@@ -505,15 +651,12 @@ class PagedSessionCache:
         pool._reserve_host(len(self.pages), self.session_id)
         ids = self._ids(self.pages)
         if pool._copy_stream is None:
-            host = (pool.k.index_select(1, ids), pool.v.index_select(1, ids))
+            host = tuple(t.index_select(1, ids) for t in pool._page_tensors())
             event = None
         else:
             pool._copy_stream.wait_stream(torch.cuda.current_stream(pool.k.device))
             with torch.cuda.stream(pool._copy_stream):
-                host = (
-                    _to_pinned(pool.k.index_select(1, ids)),
-                    _to_pinned(pool.v.index_select(1, ids)),
-                )
+                host = tuple(_to_pinned(t.index_select(1, ids)) for t in pool._page_tensors())
                 event = torch.cuda.Event()
                 event.record(pool._copy_stream)
         pool._release_after(event, self._device_pages())
@@ -528,8 +671,7 @@ class PagedSessionCache:
             return
         assert self._host is not None
         pool = self.pool
-        host_k, host_v = self._host
-        host_pages = host_k.shape[1]
+        host_pages = self._host[0].shape[1]
         if self.window_frames is not None:
             self._ring = pool.allocate(self.window_frames * self.pages_per_frame, for_session=self.session_id)
             pages = self._pages_of(self.frames)
@@ -537,13 +679,13 @@ class PagedSessionCache:
             pages = pool.allocate(host_pages, for_session=self.session_id)
         ids = self._ids(pages)
         if pool._copy_stream is None:
-            pool.k.index_copy_(1, ids, host_k)
-            pool.v.index_copy_(1, ids, host_v)
+            for tensor, host in zip(pool._page_tensors(), self._host, strict=True):
+                tensor.index_copy_(1, ids, host)
         else:
             pool._copy_stream.wait_stream(torch.cuda.current_stream(pool.k.device))
             with torch.cuda.stream(pool._copy_stream):
-                pool.k.index_copy_(1, ids, host_k.to(pool.k.device, non_blocking=True))
-                pool.v.index_copy_(1, ids, host_v.to(pool.v.device, non_blocking=True))
+                for tensor, host in zip(pool._page_tensors(), self._host, strict=True):
+                    tensor.index_copy_(1, ids, host.to(tensor.device, non_blocking=True))
                 self._ready = torch.cuda.Event()
                 self._ready.record(pool._copy_stream)
         pool._unreserve_host(host_pages)
@@ -573,7 +715,8 @@ class PagedSessionCache:
         """The cached K (post-RoPE) and V of one layer, [tokens, H, D] in frame order (a copy)."""
         self.restore()
         if not self.pages:
-            empty = self.pool.k.new_zeros((0, self.pool.spec.num_heads, self.pool.spec.head_dim))
+            spec = self.pool.spec
+            empty = self.pool.k.new_zeros((0, spec.num_heads, spec.head_dim), dtype=spec.dtype)
             return empty, empty.clone()
         k, v = self.pool.fetch_pages(layer, self.pages)
         return k, v
