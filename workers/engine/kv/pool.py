@@ -405,6 +405,7 @@ class PagedSessionCache:
         self.window_frames = window_frames
         self.sink_frames = sink_frames
         self.frames: list[int] = []  # absolute latent frame of each cached frame, ascending
+        self._read_order: list[int] = []  # `read_pages`, set by `_table_changed`
         self.pages: list[int] = []  # device page ids of those frames, frame-major
         # A windowed session's ring: its device pages, slot-major (None until its first block).
         self._ring: list[int] | None = None
@@ -600,7 +601,11 @@ class PagedSessionCache:
         return [page for frame in frames for page in self._slot_pages(self._slot(frame))]
 
     def read_pages(self) -> list[int]:
-        """The pages attention reads, in its order: frame order, or slot order in a ring."""
+        """The pages attention reads, in its order: frame order, or slot order in a ring (kept from
+        the last change of the page table: a static-buffer step asks for it on every call)."""
+        return self._read_order
+
+    def _compute_read_order(self) -> list[int]:
         if self._ring is None:
             return self.pages
         return [page for slot in sorted(map(self._slot, self.frames)) for page in self._slot_pages(slot)]
@@ -626,7 +631,7 @@ class PagedSessionCache:
     def _table_changed(self) -> None:
         if self._ring is not None:
             self.pages = self._pages_of(self.frames)
-        read = self.read_pages()
+        read = self._read_order = self._compute_read_order()
         self._page_ids = None
         self._read_copy = self._write_rows = None
         self._table_run = _as_run(read)
