@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import platform
 import weakref
 
@@ -43,6 +44,8 @@ __all__ = [
     "quantize_weight",
     "register_packed",
 ]
+
+log = logging.getLogger(__name__)
 
 INT8_MAX = 127
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
@@ -73,8 +76,14 @@ def int8_activation_levels(device_type: str) -> int:
 
 
 def check_quant_device(fp8: bool, device: torch.device | str) -> None:
-    """Refuse fp8 on a CUDA GPU without fp8 tensor cores (one line naming the GPU and what to use)."""
+    """Refuse fp8 on a CUDA GPU without fp8 tensor cores (one line naming the GPU and what to use);
+    on the CPU, say that fp8 only saves memory there."""
     device = torch.device(device)
+    if fp8 and device.type == "cpu":
+        log.warning(
+            "--quant fp8 on the CPU stores the weights in 8 bits but computes in fp32 (torch._scaled_mm "
+            "dequantizes): half the memory, slower than fp32; --quant int8 runs an int8 GEMM here"
+        )
     if not fp8 or device.type != "cuda":
         return
     major, minor = torch.cuda.get_device_capability(device)
