@@ -11,8 +11,12 @@ import torch
 pytest_plugins = ["tests.store.redis_server"]
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
-# Wan-family cases (Self Forcing, CausVid) keep their outputs in outputs.safetensors; MAGI-1's are staged.
-GOLDEN_CASES = sorted(p.name for p in GOLDEN_DIR.iterdir() if (p / "outputs.safetensors").is_file())
+# Wan-family cases (Self Forcing, CausVid) keep their outputs in outputs.safetensors; MAGI-1's are staged;
+# Matrix-Game 2.0's also have outputs.safetensors but their own stages (tests/engine/matrixgame).
+MATRIXGAME_CASES = sorted(p.name for p in GOLDEN_DIR.iterdir() if p.name.startswith("matrixgame"))
+GOLDEN_CASES = sorted(
+    p.name for p in GOLDEN_DIR.iterdir() if (p / "outputs.safetensors").is_file() and p.name not in MATRIXGAME_CASES
+)
 MAGI_CASES = sorted(p.name for p in GOLDEN_DIR.iterdir() if p.name.startswith("magi1_"))
 
 

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from workers.engine.checkpoint import parse_dtype
     from workers.engine.golden import find_cases, verify_case
     from workers.engine.magi_golden import is_magi_case, verify_magi_case
+    from workers.engine.matrixgame_golden import is_matrixgame_case, verify_matrixgame_case
 
     torch.set_num_threads(args.threads)
     dtype = parse_dtype(args.dtype)
@@ -64,11 +65,21 @@ def run(args: argparse.Namespace) -> int:
         torch.backends.cudnn.allow_tf32 = False
     failed = 0
     total = 0
-    for case in find_cases(args.directory, device, dtype):
-        if is_magi_case(case.folder):
-            if device.type != "cpu" or dtype != torch.float32:
-                raise UserError(f"{case.folder}: MAGI-1 cases run on the CPU in fp32 (as the reference)")
+    cases = find_cases(args.directory, device, dtype)
+    reference_setting = device.type == "cpu" and dtype == torch.float32
+    for case in cases:
+        magi, matrixgame = is_magi_case(case.folder), is_matrixgame_case(case.folder)
+        family = "MAGI-1" if magi else "Matrix-Game 2.0" if matrixgame else None
+        if family is not None and not reference_setting:
+            why = f"{family} cases run on the CPU in fp32 (as the reference)"
+            if len(cases) == 1:
+                raise UserError(f"{case.folder}: {why}")
+            print(f"skipped {case.name}: {why}", file=sys.stderr)  # a folder of cases: the others still run
+            continue
+        if magi:
             comparisons = verify_magi_case(case.folder)
+        elif matrixgame:
+            comparisons = verify_matrixgame_case(case.folder, args.tolerance)
         else:
             comparisons = verify_case(case, args.tolerance)
         for comparison in comparisons:

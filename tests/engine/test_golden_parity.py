@@ -60,3 +60,17 @@ def test_verify_golden_fails_on_a_tampered_case(tmp_path: Path, capsys: pytest.C
 def test_verify_golden_rejects_a_folder_without_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["verify-golden", str(tmp_path)]) == 2
     assert "no golden case found" in capsys.readouterr().err
+
+
+def test_cpu_fp32_only_cases_are_skipped_in_a_folder_and_refused_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for case in ("selfforcing_tiny_rolling", "magi1_tiny_distill", "matrixgame2_tiny"):
+        (tmp_path / case).symlink_to(GOLDEN_DIR / case)
+    main(["verify-golden", str(tmp_path), "--dtype", "bf16"])  # bf16 misses the fp32 tolerance: exit code 1
+    captured = capsys.readouterr()
+    assert "skipped magi1_tiny_distill: MAGI-1 cases run on the CPU in fp32" in captured.err
+    assert "skipped matrixgame2_tiny: Matrix-Game 2.0 cases run on the CPU in fp32" in captured.err
+    assert "selfforcing_tiny_rolling" in captured.out  # the Wan case still ran
+    assert main(["verify-golden", str(tmp_path / "matrixgame2_tiny"), "--dtype", "bf16"]) == 2
+    assert "Matrix-Game 2.0 cases run on the CPU in fp32" in capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""Matrix-Game 2.0's released variants as data: the DiT config (reference names), the sampling
+settings and the action schema of each (`universal`, `gta_drive`, `templerun`).
+
+The action schema says what a client may send per pixel frame: which keys (one column each of
+`keyboard_cond`, 0/1), whether several may be held at once, and the mouse axes (columns of
+`mouse_cond`) with their range. Values follow MATRIXGAME2_README.md (tests/golden) unless a yaml
+comment says they come from the public Matrix-Game 2.0 configs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import Any
+
+from inferix.errors import UserError
+from inferix.spec.presets import read_yaml
+
+__all__ = [
+    "ActionKey",
+    "ActionSchema",
+    "MatrixGamePreset",
+    "MatrixGameSampling",
+    "MouseAxis",
+    "load_matrixgame_preset",
+    "matrixgame_presets",
+]
+
+
+@dataclass(frozen=True)
+class ActionKey:
+    """One keyboard column: what it does and the key that drives it in the reference demo (None: no key)."""
+
+    name: str
+    key: str | None
+
+
+@dataclass(frozen=True)
+class MouseAxis:
+    """One mouse column and the range of its per-frame value (camera rotation step)."""
+
+    name: str
+    column: int
+    minimum: float
+    maximum: float
+
+    def __post_init__(self) -> None:
+        if self.minimum > self.maximum:
+            raise ValueError(f"mouse axis {self.name!r}: minimum {self.minimum} > maximum {self.maximum}")
+
+
+@dataclass(frozen=True)
+class ActionSchema:
+    """The actions of one variant. `one_hot`: exactly one key per frame (templerun's first key is
+    the no-op); else any subset. `mouse_columns` is the width of `mouse_cond` (0: no mouse input)."""
+
+    keys: tuple[ActionKey, ...]
+    mouse: tuple[MouseAxis, ...] = ()
+    mouse_columns: int = 0
+    one_hot: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            raise ValueError("an action schema needs at least one key")
+        if any(not 0 <= axis.column < self.mouse_columns for axis in self.mouse):
+            raise ValueError(f"mouse axes must use columns below mouse_columns={self.mouse_columns}")
+
+    @property
+    def keyboard_dim(self) -> int:
+        return len(self.keys)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ActionSchema:
+        return cls(
+            keys=tuple(ActionKey(**k) for k in data["keys"]),
+            mouse=tuple(MouseAxis(**m) for m in data.get("mouse", ())),
+            mouse_columns=int(data.get("mouse_columns", 0)),
+            one_hot=bool(data.get("one_hot", False)),
+        )
+
+
+@dataclass(frozen=True)
+class MatrixGameSampling:
+    """Self-Forcing sampling: warped few-step schedule, blocks of latent frames, a rolling window."""
+
+    denoising_steps: tuple[float, ...] = (1000, 666, 333)
+    warp: bool = True
+    num_frame_per_block: int = 3
+    local_attn_size: int = 6
+    sink_size: int = 0
+    context_noise: float = 0.0
+    shift: float = 5.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "denoising_steps", tuple(self.denoising_steps))
+        if self.local_attn_size < self.sink_size + self.num_frame_per_block:
+            raise ValueError(
+                f"local_attn_size={self.local_attn_size} must hold sink_size + num_frame_per_block frames "
+                "(the causal pipeline needs a window)"
+            )
+
+
+@dataclass(frozen=True)
+class MatrixGamePreset:
+    name: str
+    description: str
+    model_config: Mapping[str, Any]  # the reference DiT config.json (CausalWanModel.from_config)
+    sampling: MatrixGameSampling
+    actions: ActionSchema
+    height: int = 352
+    width: int = 640
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], origin: str) -> MatrixGamePreset:
+        unknown = set(data) - {"name", "description", "model_config", "sampling", "actions", "video"}
+        if unknown:
+            raise UserError(f"{origin}: unknown section(s) {', '.join(sorted(unknown))}")
+        try:
+            preset = cls(
+                name=str(data["name"]),
+                description=str(data.get("description", "")),
+                model_config=dict(data["model_config"]),
+                sampling=MatrixGameSampling(**data.get("sampling", {})),
+                actions=ActionSchema.from_dict(data["actions"]),
+                **data.get("video", {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{origin}: {exc}") from exc
+        action = preset.model_config.get("action_config", {})
+        if action.get("keyboard_dim_in") != preset.actions.keyboard_dim:
+            raise UserError(
+                f"{origin}: action_config.keyboard_dim_in differs from the schema's {preset.actions.keyboard_dim} keys"
+            )
+        if bool(action.get("enable_mouse")) != bool(preset.actions.mouse):
+            raise UserError(f"{origin}: action_config.enable_mouse disagrees with the schema's mouse axes")
+        return preset
+
+
+def _preset_files() -> dict[str, Traversable]:
+    folder = resources.files("inferix.spec").joinpath("presets", "matrixgame2")
+    return {entry.name.removesuffix(".yaml"): entry for entry in folder.iterdir() if entry.name.endswith(".yaml")}
+
+
+def matrixgame_presets() -> list[str]:
+    """Names of the Matrix-Game 2.0 presets shipped with the engine."""
+    return sorted(_preset_files())
+
+
+def load_matrixgame_preset(name: str) -> MatrixGamePreset:
+    files = _preset_files()
+    if name not in files:
+        raise UserError(f"unknown Matrix-Game 2.0 preset {name!r}; available: {', '.join(sorted(files))}")
+    return MatrixGamePreset.from_dict(read_yaml(files[name], "preset"), f"preset {name!r}")
