@@ -25,7 +25,8 @@ STEPS = (1000, 750, 500, 250)
 BLOCKS = 9  # 27 frames: the window rolls and, at block 8, the session re-bases (RoPE table of 24)
 TOKENS = 4  # page size of the hand-built pools
 # Relative L2 error of the final latents of a 9-block windowed tiny-DiT session against the
-# full-precision pool, measured over seeds 0-2 (windowed and global): fp8 <= 1.1e-3, int8 <= 2.4e-4.
+# full-precision pool, measured over seeds 0-2: fp8 <= 7.3e-4, int8 <= 1.6e-4 (a block attends to its
+# own K/V unrounded; 1.1e-3 and 2.4e-4 when it read them back through 8 bits).
 # fp8 e4m3 keeps 3 mantissa bits (~3% per element), int8 7 bits; attention averages the
 # per-element errors out. The bounds leave ~4x margin.
 REL_ERROR_BOUND = {"fp8": 5e-3, "int8": 1e-3}
@@ -137,7 +138,8 @@ def test_capacity_and_usage_count_8bit_pages() -> None:
 @pytest.mark.parametrize("kv_dtype", ["fp8", "int8"])
 def test_the_ring_window_works_with_8bit_pages(kv_dtype: str) -> None:
     """Window 7 / sink 1 / blocks of 3: frames land in their ring slots and attention reads the
-    dequantized ring (one run of pages) exactly as a gather of the cached frames in slot order."""
+    dequantized ring (one run of pages) exactly as a gather of the cached frames in slot order,
+    with the block's own pages holding its unrounded K/V."""
     torch.manual_seed(0)
     pool = make_pool(kv_dtype)
     write(pool.open_session("o", TOKENS), 0, 2)  # the ring starts after another session's pages
@@ -149,6 +151,13 @@ def test_the_ring_window_works_with_8bit_pages(kv_dtype: str) -> None:
         out = cache.attend(0, q, k, v, backend)
         keys, values = pool.fetch_pages(0, cache.read_pages())
         assert keys.dtype == torch.float32
+        # The block's own pages are read in full precision (its K/V as computed), the others dequantized.
+        for i, page in enumerate(cache.write_pages()):
+            row = cache.read_pages().index(page) * TOKENS
+            keys[row : row + TOKENS], values[row : row + TOKENS] = (
+                k[0, i * TOKENS : (i + 1) * TOKENS],
+                v[0, i * TOKENS : (i + 1) * TOKENS],
+            )
         assert torch.equal(out, backend.dense(q, keys.unsqueeze(0), values.unsqueeze(0)))
         # The block just written reads back within the format's rounding.
         written, _ = pool.fetch_pages(0, cache.write_pages())

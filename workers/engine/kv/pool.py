@@ -455,13 +455,15 @@ class PagedSessionCache:
         if copy is not None:
             _, k_all, v_all = copy
             return backend.dense(q, k_all.flatten(0, 1).unsqueeze(0), v_all.flatten(0, 1).unsqueeze(0))
+        if pool.spec.quantized:  # a backend reads pages as stored: hand it dequantized ones
+            pages: Pages | None = self._table_run if self._table_run is not None else self._table_ids
+            assert pages is not None
+            k_all, v_all = self._with_own_rows(pool._read("k", layer, pages), pool._read("v", layer, pages), k, v)
+            return backend.dense(q, k_all.flatten(0, 1).unsqueeze(0), v_all.flatten(0, 1).unsqueeze(0))
         if self._table_run is not None:
             k_all, v_all = pool.fetch_range(layer, *self._table_run)
             return backend.dense(q, k_all.unsqueeze(0), v_all.unsqueeze(0))
         assert self._table_ids is not None
-        if pool.spec.quantized:  # a backend reads pages as stored: hand it dequantized ones
-            k_all, v_all = pool.fetch_pages(layer, self._table_ids)
-            return backend.dense(q, k_all.unsqueeze(0), v_all.unsqueeze(0))
         return backend.paged(q, pool.layer_k[layer], pool.layer_v[layer], self._table_ids)
 
     def store(self, layer: int, k: Tensor, v: Tensor) -> None:
@@ -481,18 +483,27 @@ class PagedSessionCache:
         assert pages is not None
         pool.write(layer, pages, k[0].reshape(shape), v[0].reshape(shape))
         if self._read_copy is not None and self._read_copy[0] == layer:
-            self._refresh_read_copy(layer, pages)
+            self._refresh_read_copy(k, v)
 
-    def _refresh_read_copy(self, layer: int, written: Pages) -> None:
-        """Put the pages just written into the copy `layer_pages` returned: a batched forward reads
-        the session's pages before it stores the call's K/V, then attends over them."""
-        assert self._read_copy is not None
-        _, k_copy, v_copy = self._read_copy
+    def _with_own_rows(self, k_pages: Tensor, v_pages: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Dequantized pages [n, page_size, H, D] (in read order) with the pages this call writes
+        holding its own K/V [1, rows, H, D] in full precision: a block attends to itself unrounded
+        (as vLLM's prefill does), to earlier blocks through their 8-bit pages. Solo and batched
+        calls both read this, so they stay bit-identical."""
         if self._write_rows is None:
             row = {page: i for i, page in enumerate(self.read_pages())}
             self._write_rows = self._ids([row[page] for page in self._write])
-        k_copy.index_copy_(0, self._write_rows, self.pool._read("k", layer, written))
-        v_copy.index_copy_(0, self._write_rows, self.pool._read("v", layer, written))
+        shape = (-1, *k_pages.shape[1:])
+        k_pages.index_copy_(0, self._write_rows, k[0].reshape(shape).to(k_pages.dtype))
+        v_pages.index_copy_(0, self._write_rows, v[0].reshape(shape).to(v_pages.dtype))
+        return k_pages, v_pages
+
+    def _refresh_read_copy(self, k: Tensor, v: Tensor) -> None:
+        """Put the call's K/V into the copy `layer_pages` returned: a batched forward reads the
+        session's pages before it stores the call's K/V, then attends over them."""
+        assert self._read_copy is not None
+        _, k_copy, v_copy = self._read_copy
+        self._with_own_rows(k_copy, v_copy, k, v)
         self._read_copy = None  # its reader holds it; the cache need not keep it alive
 
     def write_pages(self) -> list[int]:
