@@ -11,6 +11,17 @@ from typing import Any
 
 from inferix.errors import UserError
 from inferix.spec import parse_prompt_schedule
+from inferix.spec.matrixgame import TINY_MODEL, is_matrixgame_model
+from inferix.spec.presets import DEFAULT_MODEL
+
+# Flags that Matrix-Game 2.0 (no text, eager only) refuses when set, with why.
+_WORLD_REFUSES = {
+    "prompt": "Matrix-Game 2.0 takes no text; steer it with --actions",
+    "prompt_at": "Matrix-Game 2.0 takes no text; steer it with --actions",
+    "recache": "Matrix-Game 2.0 takes no text prompts to re-cache",
+    "compile": "Matrix-Game 2.0 runs eagerly (Wan-family models compile)",
+    "cuda_graphs": "Matrix-Game 2.0 runs eagerly (Wan-family models replay CUDA graphs)",
+}
 
 
 def register(subparsers: Any) -> None:
@@ -22,7 +33,9 @@ def register(subparsers: Any) -> None:
             "Without --model, the built-in toyworld model runs: a tiny causal Wan model trained on a 2-D "
             "world of coloured balls and squares (64x64, 16 fps), faster than real time on one CPU core. "
             "Its prompts read like 'a red ball bouncing to the right' or 'two blue squares falling'; "
-            "change colour mid-video with 'the ball turns green'. --model tiny runs random weights (a smoke test)."
+            "change colour mid-video with 'the ball turns green'. --model tiny runs random weights (a smoke test). "
+            "Matrix-Game 2.0 models (a model folder, or matrixgame2-tiny: random weights) start from --image and "
+            "are steered by --actions instead of a prompt."
         ),
         epilog=(
             'example: inferix generate --prompt "a red ball bouncing to the right" '
@@ -33,9 +46,23 @@ def register(subparsers: Any) -> None:
         "--model",
         type=Path,
         default=None,
-        help="model folder, or built-in: toyworld (default), tiny",
+        help=f"model folder, or built-in: toyworld (default), tiny, {TINY_MODEL}",
     )
-    parser.add_argument("--prompt", required=True, help="the prompt from block 0")
+    parser.add_argument("--prompt", default=None, help="the prompt from block 0 (required, except for Matrix-Game)")
+    parser.add_argument(
+        "--image",
+        type=Path,
+        default=None,
+        help="Matrix-Game: the start image (PNG or JPEG), center-cropped to the video's aspect ratio and resized "
+        "to its size (--width/--height, default the model's)",
+    )
+    parser.add_argument(
+        "--actions",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="Matrix-Game: an action track, .json or .csv (see the README); default: no key held, mouse still",
+    )
     parser.add_argument(
         "--prompt-at",
         action="append",
@@ -88,7 +115,19 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--blocks must be at least 1, got {args.blocks}")
     if args.out.suffix.lower() != ".mp4":
         raise UserError(f"--out must end in .mp4, got {args.out}")
-    schedule = parse_prompt_schedule(args.prompt, args.prompt_at, args.recache, num_blocks=args.blocks)
+    world = is_matrixgame_model(args.model)
+    if world:
+        for flag, why in _WORLD_REFUSES.items():
+            if getattr(args, flag) not in (None, False, []):
+                raise UserError(f"--{flag.replace('_', '-')}: {why}")
+        schedule = []
+    else:
+        for flag in ("image", "actions"):
+            if getattr(args, flag) is not None:
+                raise UserError(f"--{flag}: model {args.model or DEFAULT_MODEL} takes no {flag} (Matrix-Game does)")
+        if args.prompt is None:
+            raise UserError("the following arguments are required: --prompt")
+        schedule = parse_prompt_schedule(args.prompt, args.prompt_at, args.recache, num_blocks=args.blocks)
 
     import numpy as np
     import torch
@@ -96,8 +135,11 @@ def run(args: argparse.Namespace) -> int:
 
     from inferix.media import Mp4Writer
     from inferix.profiling import Profiler
-    from workers.engine.engine import Engine
+    from inferix.spec.actions import parse_action_track
+    from workers.engine.engine import Engine, EngineSession
     from workers.engine.families import load_engine
+    from workers.engine.magi_engine import MagiSession
+    from workers.engine.matrixgame_engine import MatrixGameEngine, MatrixGameSession
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -131,8 +173,17 @@ def run(args: argparse.Namespace) -> int:
     first_block_s = 0.0
     frames = 0
     digest = hashlib.sha256()  # over the raw frames: the same digest the streamer reports
+    if isinstance(engine, MatrixGameEngine):
+        track = None
+        if args.actions is not None:
+            track = parse_action_track(args.actions, engine.action_schema, f"--actions {args.actions}")
+        opened: EngineSession | MagiSession | MatrixGameSession = engine.open(
+            args.image, actions=track, width=width, height=height, seed=args.seed, num_blocks=args.blocks
+        )
+    else:
+        opened = engine.open(schedule[0].text, width=width, height=height, seed=args.seed, num_blocks=args.blocks)
     with (
-        engine.open(schedule[0].text, width=width, height=height, seed=args.seed, num_blocks=args.blocks) as video,
+        opened as video,
         Mp4Writer(args.out, width, height, model.fps) as writer,
         tqdm(total=args.blocks, unit="block", disable=args.quiet, file=sys.stderr) as bar,
         profiler.session(),
@@ -140,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         profiler.add_gauge("kv_pool", lambda: {"used_pages": float(video.kv_usage().device_pages)})
         for index in range(args.blocks):
             with profiler.block(index) as scope:
-                if index in changes:
+                if index in changes and not isinstance(video, MatrixGameSession):  # (none: no prompts)
                     video.set_prompt(changes[index].text, recache=changes[index].recache)
                 block = video.next_block()
                 scope.pixel_frames = block.frames.shape[0]

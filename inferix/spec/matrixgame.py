@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 from inferix.errors import UserError
@@ -21,12 +22,21 @@ from inferix.spec.presets import read_yaml
 __all__ = [
     "ActionKey",
     "ActionSchema",
+    "MODEL_PREFIX",
+    "TINY_MODEL",
     "MatrixGamePreset",
     "MatrixGameSampling",
     "MouseAxis",
+    "is_matrixgame_model",
     "load_matrixgame_preset",
     "matrixgame_presets",
+    "matrixgame_variant",
 ]
+
+# Model names (`model.yaml`'s `preset:`, `--model`): the variant's preset name behind this prefix.
+MODEL_PREFIX = "matrixgame2-"
+# The built-in random-weights model (tests and smoke runs): the golden case's tiny sizes.
+TINY_MODEL = "matrixgame2-tiny"
 
 
 @dataclass(frozen=True)
@@ -153,3 +163,25 @@ def load_matrixgame_preset(name: str) -> MatrixGamePreset:
     if name not in files:
         raise UserError(f"unknown Matrix-Game 2.0 preset {name!r}; available: {', '.join(sorted(files))}")
     return MatrixGamePreset.from_dict(read_yaml(files[name], "preset"), f"preset {name!r}")
+
+
+def matrixgame_variant(name: str) -> str | None:
+    """The shipped preset a model name `matrixgame2-<variant>` names, or None (another family's name)."""
+    variant = name.removeprefix(MODEL_PREFIX)
+    return variant if name.startswith(MODEL_PREFIX) and variant in _preset_files() else None
+
+
+def is_matrixgame_model(model: str | Path | None) -> bool:
+    """Whether `--model` names a Matrix-Game 2.0 model: the built-in tiny one (unless a folder of that
+    name exists), or a folder whose model.yaml names a `matrixgame2-<variant>` preset. Torch-free, so
+    the CLI can pick its flags before loading anything."""
+    if model is None:
+        return False
+    path = Path(model).expanduser()
+    if str(model) == TINY_MODEL and not path.exists():
+        return True
+    yaml_path = path / "model.yaml"
+    if not yaml_path.is_file():
+        return False
+    preset = read_yaml(yaml_path, "model config").get("preset")
+    return isinstance(preset, str) and matrixgame_variant(preset) is not None

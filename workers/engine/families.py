@@ -2,7 +2,9 @@
 
 Self Forcing / CausVid (Wan, block-causal) load into `Engine`; MAGI-1 (chunk-pipelined) into
 `MagiEngine`. Both open sessions with the same surface (blocks out, prompt changes, restore from
-committed blocks, KV offload), which is all `inferix generate` and the worker use.
+committed blocks, KV offload), which is all `inferix generate` and the worker use. Matrix-Game 2.0
+(image-to-world, steered by actions) loads into `MatrixGameEngine`, whose sessions open from an
+image and an action track instead of a prompt and yield the same blocks.
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ from pathlib import Path
 import torch
 
 from inferix.errors import UserError
+from inferix.spec.matrixgame import is_matrixgame_model
 from workers.engine.checkpoint import parse_dtype
 from workers.engine.engine import Engine
 from workers.engine.magi_engine import MagiEngine
+from workers.engine.matrixgame_engine import MatrixGameEngine
 from workers.engine.model_dir import builtin_model_name
 from workers.engine.models.magi.loader import is_magi_folder, load_magi_model
 
 __all__ = ["AnyEngine", "load_engine", "magi_folder"]
 
-AnyEngine = Engine | MagiEngine
+AnyEngine = Engine | MagiEngine | MatrixGameEngine
 
 
 def magi_folder(model: str | Path | None) -> Path | None:
@@ -42,6 +46,14 @@ def load_engine(
     kv_dtype: str = "auto",
 ) -> AnyEngine:
     """The engine of a model folder or built-in model (see `Engine.load`), whatever its family."""
+    if model is not None and is_matrixgame_model(model):
+        if quant not in (None, "none"):
+            raise UserError(f"--quant {quant}: Matrix-Game 2.0 runs unquantized for now (Wan-family models quantize)")
+        if kv_dtype != "auto":
+            raise UserError("--kv-dtype is not supported for Matrix-Game 2.0 yet; leave it at 'auto'")
+        return MatrixGameEngine.load(
+            model, dtype=dtype, device=device, attention_backend=attention_backend, kv_pages=kv_pages
+        )
     folder = magi_folder(model)
     if folder is None:
         return Engine.load(

@@ -19,6 +19,8 @@ from workers.engine.checkpoint import load_into, read_state_dict
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+# The vision tower's names inside a whole XLM-RoBERTa CLIP checkpoint (text tower: `textual.`).
+VISUAL_PREFIX = "visual."
 
 
 @dataclass(frozen=True)
@@ -89,10 +91,14 @@ class CLIPVisionEncoder(nn.Module):
     def from_checkpoint(
         cls, path: str | Path, config: CLIPVisionConfig | None = None, device: torch.device | str = "cpu"
     ) -> CLIPVisionEncoder:
-        """Load a vision-tower state dict (`patch_embedding.weight`, `transformer.{i}.*`, ...), strictly."""
+        """Load a vision-tower state dict (`patch_embedding.weight`, `transformer.{i}.*`, ...), strictly;
+        of a whole CLIP checkpoint (the released `models_clip_*.pth`), its `visual.*` tensors."""
+        state = read_state_dict(path, "CLIP checkpoint", "Expected the CLIP vision tower's state dict.")
+        if any(name.startswith(VISUAL_PREFIX) for name in state):
+            state = {k.removeprefix(VISUAL_PREFIX): v for k, v in state.items() if k.startswith(VISUAL_PREFIX)}
         return load_into(
             lambda: cls(config),
-            read_state_dict(path, "CLIP checkpoint", "Expected the CLIP vision tower's state dict."),
+            state,
             path,
             dtype=torch.float32,
             device=device,
