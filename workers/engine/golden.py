@@ -122,6 +122,29 @@ def find_cases(root: Path, device: torch.device | str = "cpu", dtype: torch.dtyp
     return cases
 
 
+class CaseFolder:
+    """Lazy access to one golden folder of a model family with its own layout (MAGI-1, Matrix-Game):
+    its config.json and its safetensors files, each read once."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.name = folder.name
+        self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+        self._files: dict[str, dict[str, Tensor]] = {}
+
+    def tensors(self, file: str) -> dict[str, Tensor]:
+        if file not in self._files:
+            self._files[file] = load_file(str(self.folder / f"{file}.safetensors"))
+        return self._files[file]
+
+
+def max_abs_diff(a: Tensor, b: Tensor) -> float:
+    """Max abs difference in float64 (inf when the shapes differ: a failed comparison, not an error)."""
+    if a.shape != b.shape:
+        return float("inf")
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
 def _diff(a: Tensor, b: Tensor) -> float:
     if a.shape != b.shape:
         raise AssertionError(f"shape mismatch: ours {list(a.shape)} vs golden {list(b.shape)}")

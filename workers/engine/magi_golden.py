@@ -17,17 +17,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 from torch import Tensor
 
 from inferix.spec.magi import MagiSampling
 from workers.engine.checkpoint import load_into
 from workers.engine.chunk_pipeline import CallRecord, ChunkPipeline, RecordedChunkNoise
+from workers.engine.golden import CaseFolder
 from workers.engine.golden import Comparison as Result
+from workers.engine.golden import max_abs_diff as _diff
 from workers.engine.models.magi.captions import caption_rows, load_special_tokens, null_rows, valid_rows
 from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
 from workers.engine.models.magi.loader import load_magi_dit
@@ -61,19 +61,8 @@ def is_magi_case(folder: Path) -> bool:
     return config.is_file() and "magi_config" in json.loads(config.read_text())
 
 
-class MagiCase:
+class MagiCase(CaseFolder):
     """Lazy access to one MAGI-1 golden folder."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.name = folder.name
-        self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
-        self._files: dict[str, dict[str, Tensor]] = {}
-
-    def tensors(self, file: str) -> dict[str, Tensor]:
-        if file not in self._files:
-            self._files[file] = load_file(str(self.folder / f"{file}.safetensors"))
-        return self._files[file]
 
     @property
     def sampling(self) -> MagiSampling:
@@ -113,12 +102,6 @@ class MagiCase:
         return ChunkPipeline(self.dit(), self.sampling)
 
 
-def _diff(a: Tensor, b: Tensor) -> float:
-    if a.shape != b.shape:
-        return float("inf")
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-
-
 def check_text(case: MagiCase) -> list[Result]:
     text = case.tensors("text_case")
     with torch.no_grad():
@@ -138,7 +121,8 @@ def check_caption_rows(case: MagiCase) -> list[Result]:
         worst_mask = max(worst_mask, _diff(row_mask.float(), inputs["y_masks"][0, chunk]))
     null, null_mask = null_rows(case.tensors("dit")["y_embedder.null_caption_embedding"])
     worst_null = max(
-        _diff(null[:shown], inputs["y_first_rows"][1, 0]), _diff(null_mask.float(), inputs["y_masks"][1, 0])
+        _diff(null[:shown], inputs["y_first_rows"][1, 0]),
+        _diff(null_mask.float(), inputs["y_masks"][1, 0]),
     )
     tol = TOLERANCE["caption_rows"]
     return [

@@ -19,16 +19,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor
 
 from inferix.spec.architectures import WanVAEConfig
 from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
 from workers.engine.flow_match import FlowMatchSchedule
-from workers.engine.golden import Comparison
+from workers.engine.golden import CaseFolder, Comparison
+from workers.engine.golden import max_abs_diff as _diff
 from workers.engine.models.matrixgame.action import ActionInputs, ActionRope
 from workers.engine.models.matrixgame.clip import CLIPVisionConfig, CLIPVisionEncoder
 from workers.engine.models.matrixgame.conditioning import WorldConditioning, cond_concat, image_latents
@@ -62,25 +61,8 @@ def _engine(t: Tensor) -> Tensor:
     return t.transpose(1, 2)
 
 
-def _diff(a: Tensor, b: Tensor) -> float:
-    if a.shape != b.shape:
-        return float("inf")
-    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
-
-
-class MatrixGameCase:
+class MatrixGameCase(CaseFolder):
     """Lazy access to one Matrix-Game golden folder."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.name = folder.name
-        self.config: dict[str, Any] = json.loads((folder / "config.json").read_text())
-        self._files: dict[str, dict[str, Tensor]] = {}
-
-    def tensors(self, file: str) -> dict[str, Tensor]:
-        if file not in self._files:
-            self._files[file] = load_file(str(self.folder / f"{file}.safetensors"))
-        return self._files[file]
 
     def dit(self) -> MatrixGameDiT:
         config = MatrixGameConfig.from_reference(self.config["dit_config_json"], int(self.config["dit"]["clip_dim"]))
@@ -266,7 +248,11 @@ def _check_caches(
     kv = xattn = action = 0.0
     for layer in range(session.dit.config.dit.num_layers):
         k, v = session.cache.layer_kv(layer)
-        kv = max(kv, _diff(k.unsqueeze(0), golden[f"kv_l{layer}_k"]), _diff(v.unsqueeze(0), golden[f"kv_l{layer}_v"]))
+        kv = max(
+            kv,
+            _diff(k.unsqueeze(0), golden[f"kv_l{layer}_k"]),
+            _diff(v.unsqueeze(0), golden[f"kv_l{layer}_v"]),
+        )
         ends = ((frames[-1] + 1) * tokens, len(frames) * tokens)
         indices_off = max(indices_off, _index_error(golden, f"kv_l{layer}", ends))
         xattn = max(
