@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inferix.api.v1 import common_pb2
-from inferix.spec.magi import AnyPreset, load_any_preset
+from inferix.spec.magi import ServedPreset, load_any_preset
 from scheduler.playback import Playback
 from scheduler.validation import ALL_OUTPUTS, ValidSpec, validate_spec
 
@@ -36,9 +36,9 @@ class Presets:
 
     def __init__(self, default_lookahead: int) -> None:
         self.default_lookahead = default_lookahead
-        self._presets: dict[str, AnyPreset] = {}
+        self._presets: dict[str, ServedPreset] = {}
 
-    def get(self, model: str) -> AnyPreset:
+    def get(self, model: str) -> ServedPreset:
         if model not in self._presets:
             self._presets[model] = load_any_preset(model)
         return self._presets[model]

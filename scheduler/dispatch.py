@@ -179,6 +179,9 @@ class Dispatcher:
             if record.pending_prompt is not None:
                 record.current_prompt, recache = record.pending_prompt.text, record.pending_prompt.recache
                 record.pending_prompt = None
+            # At the block it was answered with: not earlier, e.g. when a block in flight then fails and is re-run.
+            if record.pending_action is not None and record.pending_action.at_block <= block:
+                record.current_action, record.pending_action = record.pending_action.action, None
             try:
                 await self._run_block(record, block, recache)
             except Exception as exc:

@@ -110,11 +110,20 @@ class GrpcWorkers:
         return OpenedSession(reply.next_block, list(reply.blocks))
 
     async def run_block(
-        self, address: str, session_id: str, block_index: int, prompt: str, recache: bool, timeout: float
+        self,
+        address: str,
+        session_id: str,
+        block_index: int,
+        prompt: str,
+        recache: bool,
+        action: common_pb2.HeldAction | None,
+        timeout: float,
     ) -> common_pb2.BlockEvent:
         request = worker_pb2.RunBlockRequest(
             session_id=session_id, block_index=block_index, prompt=prompt, recache=recache
         )
+        if action is not None:
+            request.held_action.CopyFrom(action)
         reply = await self._worker(address).RunBlock(request, timeout=timeout)
         return reply.block
 

@@ -156,9 +156,16 @@ class WorkerClient(Protocol):
         ...
 
     async def run_block(
-        self, address: str, session_id: str, block_index: int, prompt: str, recache: bool, timeout: float
+        self,
+        address: str,
+        session_id: str,
+        block_index: int,
+        prompt: str,
+        recache: bool,
+        action: common_pb2.HeldAction | None,
+        timeout: float,
     ) -> common_pb2.BlockEvent:
-        """Make one block; it is committed when this returns."""
+        """Make one block (holding `action`, for action-conditioned models); it is committed when this returns."""
         ...
 
     async def close_session(self, address: str, session_id: str, timeout: float) -> None:
@@ -246,7 +253,7 @@ class Placement:
             await record.wait(self.config.admission_retry_s)
 
     async def run_block(self, record: SessionRecord, block: int, recache: bool) -> common_pb2.BlockEvent:
-        """Make `block` of the session, with its current prompt, on its worker."""
+        """Make `block` of the session, with its current prompt and action, on its worker."""
         address = record.worker_address
         return await self._watched(
             address,
@@ -256,6 +263,7 @@ class Placement:
                 block_index=block,
                 prompt=record.current_prompt,
                 recache=recache,
+                action=record.current_action,
                 timeout=self.config.block_deadline_s,
             ),
         )

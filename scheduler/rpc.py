@@ -18,7 +18,7 @@ import grpc
 
 from inferix.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from inferix.server import Registration
-from inferix.spec.magi import AnyPreset
+from inferix.spec.magi import ServedPreset
 from inferix.store import Store
 from inferix.telemetry import SESSION_ID_ATTR, tracer
 from scheduler.auth import ApiKeys, Unauthenticated
@@ -26,9 +26,9 @@ from scheduler.config import Presets, SchedulerConfig
 from scheduler.dispatch import Dispatcher
 from scheduler.grpc_clients import GrpcKVCache, GrpcWorkers
 from scheduler.placement import CallFailed, Placement, PlacementUnavailable
-from scheduler.sessions import STATE_NAMES, PendingPrompt, SessionRecord
+from scheduler.sessions import STATE_NAMES, PendingAction, PendingPrompt, SessionRecord
 from scheduler.table import SessionTable
-from scheduler.validation import InvalidRequest, check_prompt_text, validate_spec
+from scheduler.validation import InvalidRequest, check_prompt_text, validate_action, validate_spec
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 
@@ -82,7 +82,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 grpc.StatusCode.UNAVAILABLE, "the scheduler is still loading its sessions (store unavailable?); retry"
             )
 
-    async def _served_models(self) -> dict[str, AnyPreset]:
+    async def _served_models(self) -> dict[str, ServedPreset]:
         return {name: self.presets.get(name) for name in await self.placement.served_models()}
 
     def background(self, work: Awaitable[None]) -> None:
@@ -228,7 +228,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 )
             record.pending_prompt = PendingPrompt(text, request.set_prompt.recache)
         elif kind == "action":
-            return error(grpc.StatusCode.UNIMPLEMENTED, "action: this model takes no actions")
+            try:
+                # Several actions before one boundary: the latest wins (an action holds for whole blocks).
+                record.pending_action = PendingAction(record.boundary, validate_action(record.valid, request.action))
+            except InvalidRequest as exc:
+                return error(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         elif kind == "pause":
             if record.paused_since is None:
                 record.paused_since = time.monotonic()

@@ -13,11 +13,12 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
-from scheduler.validation import ValidSpec
+from scheduler.validation import ValidSpec, schema_proto
 
 RECORD_VERSION = 2
 
@@ -62,6 +63,14 @@ class PendingPrompt:
 
 
 @dataclass
+class PendingAction:
+    """An action accepted for block `at_block` (the boundary it was answered with) and after."""
+
+    at_block: int
+    action: common_pb2.HeldAction
+
+
+@dataclass
 class SessionRecord:
     session_id: str
     owner: str
@@ -81,6 +90,10 @@ class SessionRecord:
     in_flight: int | None = None
     current_prompt: str = ""
     pending_prompt: PendingPrompt | None = None
+    # Action-conditioned models: the action held for the next block (None: the model takes none),
+    # and the latest one received since, which takes over at the next block boundary.
+    current_action: common_pb2.HeldAction | None = None
+    pending_action: PendingAction | None = None
     stop_requested: bool = False
     cancel_requested: bool = False
     error: str = ""
@@ -93,7 +106,10 @@ class SessionRecord:
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
-        self.current_prompt = self.valid.spec.prompts[0].text
+        prompts = self.valid.spec.prompts
+        self.current_prompt = prompts[0].text if prompts else ""
+        if self.valid.actions is not None:
+            self.current_action = common_pb2.HeldAction()  # neutral: no key, a still mouse
 
     @property
     def spec(self) -> common_pb2.SessionSpec:
@@ -109,9 +125,12 @@ class SessionRecord:
         return self.next_block + (1 if self.in_flight is not None else 0)
 
     def to_proto(self) -> common_pb2.Session:
-        return common_pb2.Session(
+        spec = common_pb2.SessionSpec()
+        spec.CopyFrom(self.spec)
+        spec.ClearField("image")  # the client has it; every GetSession / ListSessions would carry it
+        session = common_pb2.Session(
             session_id=self.session_id,
-            spec=self.spec,
+            spec=spec,
             state=self.state,  # type: ignore[arg-type]
             blocks_done=self.next_block,
             worker_id=self.worker_id,
@@ -120,6 +139,11 @@ class SessionRecord:
             created_at_unix=self.created_at,
             current_prompt=self.current_prompt,
         )
+        if self.valid.actions is not None:
+            session.action_schema.CopyFrom(schema_proto(self.valid.actions))
+        if self.current_action is not None:
+            session.current_action.CopyFrom(self.current_action)
+        return session
 
     def to_json(self) -> bytes:
         """What the store keeps: enough to resume the session in another scheduler process (the
@@ -140,6 +164,10 @@ class SessionRecord:
                 "created_at": self.created_at,
                 "current_prompt": self.current_prompt,
                 "pending_prompt": None if pending is None else [pending.text, pending.recache],
+                "current_action": _action_json(self.current_action),
+                "pending_action": None
+                if self.pending_action is None
+                else [self.pending_action.at_block, _action_json(self.pending_action.action)],
                 "stop_requested": self.stop_requested,
                 "paused": self.paused_since is not None,
                 "paused_total_s": self.paused_total_s + self._paused_now(),
@@ -172,6 +200,12 @@ class SessionRecord:
             record.current_prompt = str(fields["current_prompt"])
             pending = fields["pending_prompt"]
             record.pending_prompt = None if pending is None else PendingPrompt(str(pending[0]), bool(pending[1]))
+            if record.current_action is not None:  # records of an action-conditioned model
+                record.current_action = _action_of(fields["current_action"]) or common_pb2.HeldAction()
+                pending_action = fields["pending_action"]
+                if pending_action is not None:
+                    at_block, held = pending_action
+                    record.pending_action = PendingAction(int(at_block), _action_of(held) or common_pb2.HeldAction())
             record.stop_requested = bool(fields["stop_requested"])
             record.paused_total_s = float(fields["paused_total_s"])
             record.paused_since = time.monotonic() if fields["paused"] else None
@@ -267,6 +301,17 @@ class SessionRecord:
             return 0.0
         paused = self.paused_total_s + self._paused_now()
         return max(0.0, (time.monotonic() - self.first_block_at - paused) * fps)
+
+
+def _action_json(action: common_pb2.HeldAction | None) -> list[list[str] | list[float]] | None:
+    return None if action is None else [list(action.keys), list(action.mouse)]
+
+
+def _action_of(data: list[list[Any]] | None) -> common_pb2.HeldAction | None:
+    if data is None:
+        return None
+    keys, mouse = data
+    return common_pb2.HeldAction(keys=[str(k) for k in keys], mouse=[float(m) for m in mouse])
 
 
 def _to_wall(monotonic: float) -> float:

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferix.api.v1 import common_pb2
+from inferix.api.v1 import common_pb2, scheduler_pb2
 from inferix.errors import UserError
 from inferix.spec import schedule
-from inferix.spec.magi import AnyPreset, any_session_shape
+from inferix.spec.actions import parse_held_action
+from inferix.spec.magi import ServedPreset, any_session_shape
+from inferix.spec.matrixgame import ActionSchema, MatrixGamePreset
 from inferix.spec.sizing import SessionShape
 
 MAX_BLOCKS = 100_000
 MAX_LOOKAHEAD = 64
 ALL_OUTPUTS = frozenset({"mp4", "rtmp", "webrtc"})
+# Start images: PNG or JPEG, told apart by their signature (the worker decodes them).
+IMAGE_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
 
 
 # What an operator does to enable an output that a session asked for.
@@ -44,11 +48,56 @@ class ValidSpec:
     shape: SessionShape
     num_blocks: int | None
     lookahead: int
+    # What the model's actions are (None: it takes none, a text model).
+    actions: ActionSchema | None = None
+
+
+def schema_proto(schema: ActionSchema) -> common_pb2.ActionSchema:
+    """The compact form of an action schema that clients get with the session."""
+    return common_pb2.ActionSchema(
+        keys=[common_pb2.ActionKey(name=k.name, key=k.key or "") for k in schema.keys],
+        mouse=[common_pb2.MouseAxis(name=a.name, minimum=a.minimum, maximum=a.maximum) for a in schema.mouse],
+        one_hot=schema.one_hot,
+    )
+
+
+def validate_action(valid: ValidSpec, action: scheduler_pb2.Action) -> common_pb2.HeldAction:
+    """An Interact action checked against the session's model; its canonical form (keys by the
+    schema's names, one mouse value per axis)."""
+    if action.payload:
+        raise InvalidRequest("action.payload: opaque actions are not supported; send action.keys and action.mouse")
+    if valid.actions is None:
+        raise InvalidRequest(
+            f"action: model {valid.spec.model!r} takes no actions (a text model: steer it with set_prompt)"
+        )
+    try:
+        held = parse_held_action(valid.actions, list(action.keys), list(action.mouse), "action")
+    except UserError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    return common_pb2.HeldAction(keys=held.key_names(valid.actions), mouse=list(held.mouse))
+
+
+def _check_image(spec: common_pb2.SessionSpec, preset: ServedPreset) -> None:
+    """Image-to-world models need a start image; text models take none."""
+    if not isinstance(preset, MatrixGamePreset):
+        if spec.image:
+            raise InvalidRequest(f"spec.image: model {spec.model!r} takes no start image (it starts from spec.prompts)")
+        return
+    if not spec.image:
+        raise InvalidRequest(
+            f"spec.image: model {spec.model!r} is image-to-world: it needs a start image (PNG or JPEG bytes)"
+        )
+    if not spec.image.startswith(IMAGE_SIGNATURES):
+        raise InvalidRequest(f"spec.image: not a PNG or JPEG image ({len(spec.image)} bytes)")
+    if spec.prompts:
+        raise InvalidRequest(
+            f"spec.prompts: model {spec.model!r} has no text conditioning: leave it empty, steer it with actions"
+        )
 
 
 def validate_spec(
     spec: common_pb2.SessionSpec,
-    presets: dict[str, AnyPreset],
+    presets: dict[str, ServedPreset],
     default_lookahead: int,
     outputs: frozenset[str] = frozenset({"mp4"}),
 ) -> ValidSpec:
@@ -71,11 +120,13 @@ def validate_spec(
     except UserError as exc:
         field = "spec.num_blocks" if "blocks" in str(exc) and "resolution" not in str(exc) else "spec.resolution"
         raise InvalidRequest(f"{field}: {exc}") from exc
-    changes = [schedule.PromptChange(c.at_block, c.text, c.recache) for c in spec.prompts]
-    try:
-        schedule.validate_schedule(changes, num_blocks, field="spec.prompts")
-    except UserError as exc:
-        raise InvalidRequest(str(exc)) from exc
+    _check_image(spec, preset)
+    if not isinstance(preset, MatrixGamePreset):
+        changes = [schedule.PromptChange(c.at_block, c.text, c.recache) for c in spec.prompts]
+        try:
+            schedule.validate_schedule(changes, num_blocks, field="spec.prompts")
+        except UserError as exc:
+            raise InvalidRequest(str(exc)) from exc
     if spec.lookahead > MAX_LOOKAHEAD:
         raise InvalidRequest(f"spec.lookahead: {spec.lookahead} is above the limit {MAX_LOOKAHEAD} (0 = default)")
     for name, hint in _OUTPUT_HINTS.items():
@@ -83,4 +134,5 @@ def validate_spec(
             raise InvalidRequest(
                 f"spec.outputs.{name}: not enabled on this server (enabled: {', '.join(sorted(outputs))}); {hint}"
             )
-    return ValidSpec(filled, shape, num_blocks, spec.lookahead or default_lookahead)
+    actions = preset.actions if isinstance(preset, MatrixGamePreset) else None
+    return ValidSpec(filled, shape, num_blocks, spec.lookahead or default_lookahead, actions)

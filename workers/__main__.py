@@ -21,12 +21,14 @@ import grpc
 from inferix.errors import UserError
 from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
 from inferix.spec.magi import is_magi_preset, magi_presets
+from inferix.spec.matrixgame import is_matrixgame_model
 from workers.engine.batching import CPU_MAX_TOKENS, CUDA_MAX_TOKENS
 from workers.pod import add_parallel_arguments, rank, world_size
 
 if TYPE_CHECKING:
     from workers.engine.model_dir import LoadedModel
     from workers.engine.models.magi.loader import MagiModel
+    from workers.engine.models.matrixgame.loader import MatrixGameModel
     from workers.engine.parallel.pod_driver import PodDriver
 
 
@@ -41,7 +43,7 @@ def parse_args() -> argparse.Namespace:
         "--model",
         type=Path,
         default=env("INFERIX_MODEL"),
-        help="model folder, or built-in: toyworld (default), tiny",
+        help="model folder, or built-in: toyworld (default), tiny, matrixgame2-tiny",
     )
     parser.add_argument("--device", default=env("INFERIX_DEVICE", "cpu"))
     parser.add_argument("--dtype", default=env("INFERIX_DTYPE"), help="fp32, bf16, fp16 (default by device)")
@@ -154,7 +156,15 @@ def main() -> None:
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     try:
         magi = magi_folder(args.model)
-        if magi is not None:
+        if is_matrixgame_model(args.model):
+            from workers.engine.matrixgame_engine import load_model as load_matrixgame
+
+            if pod:
+                raise UserError("Matrix-Game 2.0 does not run as a sequence-parallel pod: start it on one device")
+            if args.quant not in (None, "none"):
+                raise UserError(f"--quant {args.quant}: Matrix-Game 2.0 models run unquantized")
+            serve(args, load_matrixgame(args.model, dtype=dtype, device=args.device))
+        elif magi is not None:
             if pod:
                 raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
             if args.quant not in (None, "none"):
@@ -179,7 +189,9 @@ def main() -> None:
         raise SystemExit(2) from None
 
 
-def serve(args: argparse.Namespace, model: LoadedModel | MagiModel, driver: PodDriver | None = None) -> None:
+def serve(
+    args: argparse.Namespace, model: LoadedModel | MagiModel | MatrixGameModel, driver: PodDriver | None = None
+) -> None:
     """The gRPC worker service until SIGTERM; with `driver` (rank 0 of a pod) it drives the pod."""
     from workers.service import WorkerConfig, WorkerService, add_to_server
 

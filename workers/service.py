@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -48,6 +49,7 @@ from inferix.api.v1 import (
 from inferix.errors import UserError
 from inferix.profiling import Profiler
 from inferix.server import Registration, channel
+from inferix.spec.actions import parse_held_action
 from inferix.spec.blocks import CommittedBlock
 from inferix.spec.magi import any_session_shape
 from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
@@ -58,8 +60,10 @@ from workers.engine.engine import Engine, EngineSession, VideoBlock, shared_pool
 from workers.engine.kv.errors import KVCapacityError
 from workers.engine.kv.pool import KVPool
 from workers.engine.magi_engine import MagiEngine, MagiSession
+from workers.engine.matrixgame_engine import MatrixGameEngine, MatrixGameSession
 from workers.engine.model_dir import LoadedModel
 from workers.engine.models.magi.loader import MagiModel
+from workers.engine.models.matrixgame.loader import MatrixGameModel
 from workers.engine.parallel.pod_driver import PodDriver
 
 log = logging.getLogger("inferix.worker")
@@ -67,6 +71,8 @@ SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
 INTERNAL_DEADLINE_S = 30.0
 COMMITTED_PAGE_DEADLINE_S = 60.0  # one page of committed blocks (~4 MiB)
 AWAY_RETRY_S = 60.0  # how long frames and commits wait for a restarting streamer / kvcache_svc
+# A session of any engine this worker may run.
+AnyVideo = EngineSession | MagiSession | MatrixGameSession
 
 
 @dataclass
@@ -98,7 +104,7 @@ class BlockOutOfOrder(Exception):
 
 @dataclass
 class _Session:
-    video: EngineSession | MagiSession
+    video: AnyVideo
     streamer: streamer_pb2_grpc.StreamerServiceStub
     fps: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -111,11 +117,19 @@ class _Session:
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     """The worker's RPCs over one loaded model; with `driver`, rank 0 of a sequence-parallel pod."""
 
-    def __init__(self, model: LoadedModel | MagiModel, config: WorkerConfig, driver: PodDriver | None = None) -> None:
+    def __init__(
+        self, model: LoadedModel | MagiModel | MatrixGameModel, config: WorkerConfig, driver: PodDriver | None = None
+    ) -> None:
         self.model = model
         self.config = config
-        self.engine: Engine | MagiEngine
-        if isinstance(model, MagiModel):
+        self.engine: Engine | MagiEngine | MatrixGameEngine
+        if isinstance(model, MatrixGameModel):
+            if driver is not None:
+                raise UserError("Matrix-Game 2.0 does not run as a sequence-parallel pod: start one device")
+            if config.kv_dtype != "auto":
+                raise UserError(f"--kv-dtype {config.kv_dtype}: Matrix-Game 2.0 keeps its KV in the model's dtype")
+            self.engine = MatrixGameEngine(model, kv_pages=config.kv_pages)
+        elif isinstance(model, MagiModel):
             if driver is not None:
                 raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
             if config.kv_dtype != "auto":
@@ -133,12 +147,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             raise UserError("--cuda-graphs: Wan-family models without --compile (choose one of the two)")
         if config.compile:
             if not isinstance(self.engine, Engine):
-                raise UserError("--compile: MAGI-1 runs eagerly (Wan-family models compile)")
+                raise UserError("--compile: MAGI-1 and Matrix-Game 2.0 run eagerly (Wan-family text models compile)")
             warm = self.engine.compile()  # before the capacity probe, which then measures compiled blocks
             log.info("compiled the DiT step: %d graph(s) in %.1f s", warm.graphs, warm.seconds)
         if config.cuda_graphs:
             if not isinstance(self.engine, Engine):
-                raise UserError("--cuda-graphs: Wan-family models only (MAGI-1 runs eagerly)")
+                raise UserError("--cuda-graphs: Wan-family text models only (MAGI-1 and Matrix-Game 2.0 run eagerly)")
             warm = self.engine.use_cuda_graphs()
             log.info("captured the DiT step's CUDA graphs in %.1f s", warm.seconds)
         pool = self.engine.pool
@@ -157,7 +171,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.draining = False  # set on SIGTERM: new sessions and blocks go to other workers
         self._block_tasks: set[asyncio.Future[common_pb2.BlockEvent]] = set()  # blocks in flight
         self.batcher = self.engine.batcher(config.max_batch_tokens or None, on_forward=metrics.observe_forward)
-        self._waiters: dict[BatchJob[object], tuple[asyncio.Future[VideoBlock], EngineSession | MagiSession]] = {}
+        self._waiters: dict[BatchJob[object], tuple[asyncio.Future[VideoBlock], AnyVideo]] = {}
         self._pump: asyncio.Task[None] | None = None
         self.capacity = CapacityMeter(model.fps, config.realtime_streams)
 
@@ -173,7 +187,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             open_session = self.sessions[request.session_id]
             async with open_session.lock:
                 return self._opened(open_session, request.announced_blocks)
-        if not spec.prompts:
+        world = isinstance(self.engine, MatrixGameEngine)
+        if world and not spec.image:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"spec.image: model {self.model.name!r} needs a start image"
+            )
+        if not world and not spec.prompts:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec.prompts: at least one prompt is required")
         try:
             any_session_shape(self.model.preset, spec.resolution.width, spec.resolution.height, spec.num_blocks or None)
@@ -182,7 +201,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     return self._opened(self.sessions[request.session_id], request.announced_blocks)
                 video = await asyncio.to_thread(
                     self._open_video,
-                    spec.prompts[0].text,
+                    spec.image if world else spec.prompts[0].text,
                     width=spec.resolution.width,
                     height=spec.resolution.height,
                     seed=spec.seed,
@@ -197,9 +216,13 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         metrics.SESSIONS.set(len(self.sessions))
         return self._opened(session, request.announced_blocks)
 
-    def _open_video(self, prompt: str, **kwargs: Any) -> EngineSession | MagiSession:
-        """A session of this worker's engine (either family)."""
-        return self.engine.open(prompt, **kwargs)
+    def _open_video(self, start: str | bytes | np.ndarray, **kwargs: Any) -> AnyVideo:
+        """A session of this worker's engine, from its prompt (text models) or start image (PNG / JPEG
+        bytes or RGB pixels, Matrix-Game)."""
+        if isinstance(self.engine, MatrixGameEngine):
+            return self.engine.open(start, **kwargs)
+        assert isinstance(start, str)
+        return self.engine.open(start, **kwargs)
 
     def _opened(self, session: _Session, announced_blocks: int) -> worker_pb2.OpenSessionResponse:
         """The session's next block, and the blocks made here that the scheduler has not announced."""
@@ -217,7 +240,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             worker_id=self.config.worker_id,
         )
 
-    async def _restore(self, video: EngineSession | MagiSession, session_id: str) -> list[common_pb2.BlockEvent]:
+    async def _restore(self, video: AnyVideo, session_id: str) -> list[common_pb2.BlockEvent]:
         """Continue `video` from the session's committed blocks; the events of the blocks restored.
 
         The history is replayed one stream message (a few MiB) at a time, so a worker restores a
@@ -290,14 +313,17 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 "worker.block", attributes={SESSION_ID_ATTR: request.session_id, BLOCK_INDEX_ATTR: request.block_index}
             ):
                 async with self.engine_lock:
-                    if request.prompt and request.prompt != video.prompt_text:
+                    if isinstance(video, MatrixGameSession):  # a block's action is set before it is made
+                        held = request.held_action
+                        video.hold(parse_held_action(video.schema, list(held.keys), list(held.mouse), "held_action"))
+                    elif request.prompt and request.prompt != video.prompt_text:
                         await asyncio.to_thread(video.set_prompt, request.prompt, request.recache)
                 self._blocks_run += 1
                 with self.profiler.block(self._blocks_run - 1, session=request.session_id) as scope:
                     block = await self.run_batched(video)
                     scope.pixel_frames = block.frames.shape[0]
                 await self._publish(session, request.session_id, block)
-                await self._commit(request.session_id, block)
+                await self._commit(request.session_id, block, request.held_action)
             session.last_block_unix = time.time()
             event = self._block_event(block.index, block.first_frame, block.frames.shape[0], block.prompt)
             event.timings.CopyFrom(
@@ -313,7 +339,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         metrics.BLOCK_SECONDS.observe(block.total_s)
         return event
 
-    async def run_batched(self, video: EngineSession | MagiSession) -> VideoBlock:
+    async def run_batched(self, video: AnyVideo) -> VideoBlock:
         """The session's next block, made in the batch of every block in progress on this worker."""
         entry = self.batcher.add(video.block_job())
         done: asyncio.Future[VideoBlock] = asyncio.get_running_loop().create_future()
@@ -352,7 +378,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         """
         # Pinned: one probe session still measures the block latency and budget that are reported.
         limit = min(self.config.capacity_probe_streams, 1 if self.config.realtime_streams else 1 << 30)
-        if isinstance(self.engine, MagiEngine):  # MAGI-1 chunks run whole, one session at a time: no batch sizes
+        if isinstance(self.engine, MagiEngine | MatrixGameEngine):  # blocks run whole, one at a time: no batch sizes
             limit = min(limit, 1)
         began = time.perf_counter()
         n = 1
@@ -363,11 +389,17 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                      c.streams, c.resolution, c.block_ms, c.budget_ms, time.perf_counter() - began)  # fmt: skip
         self.report_capacity_metrics()
 
+    def _probe_start(self) -> str | np.ndarray:
+        """What a probe session starts from: a prompt, or a mid-gray start image at the native size."""
+        if isinstance(self.engine, MatrixGameEngine):
+            return np.full((self.model.height, self.model.width, 3), 128, dtype=np.uint8)
+        return "capacity probe"
+
     async def _probe(self, n: int) -> bool:
         """Two blocks of `n` probe sessions batched; whether all `n` kept real time."""
         async with self.engine_lock:
             videos = [
-                await asyncio.to_thread(self._open_video, "capacity probe", num_blocks=2, session_id=f"probe-{i}")
+                await asyncio.to_thread(self._open_video, self._probe_start(), num_blocks=2, session_id=f"probe-{i}")
                 for i in range(n)
             ]
         try:
@@ -526,9 +558,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         log.info("re-sent %d blocks (%d frames) of %s to a restarted streamer in %.2fs", blocks, first,
                  session_id, time.perf_counter() - began)  # fmt: skip
 
-    async def _commit(self, session_id: str, block: VideoBlock) -> None:
-        """Store the block's latents (commits are idempotent)."""
-        request = kvcache_pb2.CommitBlockRequest(session_id=session_id, block=block.committed().to_proto())
+    async def _commit(self, session_id: str, block: VideoBlock, action: common_pb2.HeldAction) -> None:
+        """Store the block's latents, with the action it was made under (commits are idempotent)."""
+        committed = dataclasses.replace(
+            block.committed(), action_keys=tuple(action.keys), action_mouse=tuple(action.mouse)
+        )
+        request = kvcache_pb2.CommitBlockRequest(session_id=session_id, block=committed.to_proto())
 
         async def attempt() -> None:
             try:

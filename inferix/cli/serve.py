@@ -50,7 +50,9 @@ def register(subparsers: Any) -> None:
         "--device cuda; gloo on CPU). Rank 0 serves; the model's heads / tokens must split evenly. "
         "Strategy: INFERIX_SP_STRATEGY (default auto). Default 1",
     )
-    parser.add_argument("--model", type=Path, default=None, help="model folder, or built-in: toyworld (default), tiny")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="model folder, or built-in: toyworld (default), tiny, matrixgame2-tiny"
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-pages", type=int, default=256, help="KV pages per worker (one latent frame each)")
     parser.add_argument("--redis-url", default=None, help="use Redis for sessions and committed blocks")
@@ -121,16 +123,17 @@ def run(args: argparse.Namespace) -> int:
     from inferix.mesh.rtmp_relay import RtmpServerError
     from inferix.mesh.supervisor import RestartPolicy, Supervisor
     from inferix.server import INTERNAL_TOKEN_ENV
+    from inferix.spec.matrixgame import TINY_MODEL
     from inferix.spec.presets import BUILTIN_MODELS
 
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
     if args.ranks_per_worker < 1:
         raise UserError(f"--ranks-per-worker must be at least 1, got {args.ranks_per_worker}")
-    if args.model is not None and not args.model.is_dir() and str(args.model) not in BUILTIN_MODELS:
+    builtin = (*BUILTIN_MODELS, TINY_MODEL)
+    if args.model is not None and not args.model.is_dir() and str(args.model) not in builtin:
         raise UserError(
-            f"--model {args.model}: not a folder nor a built-in model ({', '.join(BUILTIN_MODELS)}); "
-            "see README: model folders"
+            f"--model {args.model}: not a folder nor a built-in model ({', '.join(builtin)}); see README: model folders"
         )
     if args.realtime_streams < 0 or args.capacity_probe < 0:
         raise UserError("--realtime-streams and --capacity-probe must be >= 0")

@@ -25,8 +25,11 @@ def register(subparsers: Any) -> None:
     commands = parser.add_subparsers(dest="session_command", metavar="ACTION", required=True)
 
     create = commands.add_parser("create", help="create a session (prints its id)")
-    create.add_argument("--prompt", required=True)
+    create.add_argument("--prompt", help="the prompt from block 0 (text models; required by them)")
     create.add_argument("--prompt-at", action="append", default=[], metavar='BLOCK:"TEXT"')
+    create.add_argument(
+        "--image", type=Path, help="start image, PNG or JPEG (image-to-world models: Matrix-Game 2.0, with --blocks)"
+    )
     create.add_argument("--model", default="toyworld", help="a model the workers serve (default toyworld)")
     create.add_argument("--blocks", type=int, default=0, help="blocks to generate (0 = until stopped)")
     create.add_argument("--seed", type=int, default=0)
@@ -53,6 +56,14 @@ def register(subparsers: Any) -> None:
     prompt.add_argument("session_id")
     prompt.add_argument("text")
     prompt.add_argument("--recache", action="store_true", help="re-encode cached frames under the new prompt")
+    act = commands.add_parser(
+        "act", help="hold keys / mouse from the next block boundary on (action-conditioned models, e.g. Matrix-Game)"
+    )
+    act.add_argument("session_id")
+    act.add_argument("--keys", default="", help="keys held, by key or name, comma-separated (e.g. W,A); none: no key")
+    act.add_argument(
+        "--mouse", default="", help="one value per mouse axis of the model, comma-separated (e.g. 0.1,0); none: still"
+    )
     listing = commands.add_parser("list", help="list your sessions")
     listing.add_argument("--state", action="append", default=[], help="only this state (repeatable)")
     download = commands.add_parser("download", help="save a finished session's MP4")
@@ -71,6 +82,13 @@ def _print_session(info: Any) -> None:
     for label, url in (("viewer", info.viewer_url), ("rtmp", info.rtmp_url)):
         if url:
             print(f"  {label}: {url}")
+    schema = info.action_schema
+    if schema is not None:
+        keys = ", ".join(k.key or k.name for k in schema.keys) + (" (one at a time)" if schema.one_hot else "")
+        axes = ", ".join(f"{a.name} [{a.minimum:g}, {a.maximum:g}]" for a in schema.mouse) or "none"
+        print(f"  actions: keys {keys}; mouse {axes}")
+        held = ", ".join(info.current_keys) or "none"
+        print(f"  holding: keys {held}; mouse {', '.join(f'{m:g}' for m in info.current_mouse) or 'still'}")
 
 
 def _watch(events: Any) -> int:
@@ -108,6 +126,14 @@ def _command(client: Any, session_id: str, send: Any) -> int:
     raise UserError("the session ended before the command was accepted")
 
 
+def _mouse_values(text: str) -> list[float]:
+    """`--mouse 0.1,0` as numbers (empty: a still mouse)."""
+    try:
+        return [float(value) for value in text.split(",")] if text.strip() else []
+    except ValueError:
+        raise UserError(f"--mouse: expected numbers separated by commas (e.g. 0.1,0), got {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import grpc
 
@@ -118,8 +144,18 @@ def run(args: argparse.Namespace) -> int:
     action = args.session_command
     try:
         if action == "create":
+            if args.image is not None and not args.image.is_file():
+                raise UserError(f"--image {args.image}: no such file")
+            if args.prompt is None and args.prompt_at:
+                raise UserError("--prompt-at: give the first prompt with --prompt too")
+            prompts = (
+                None
+                if args.prompt is None
+                else parse_prompt_schedule(args.prompt, args.prompt_at, num_blocks=args.blocks or None)
+            )
             info = client.create_session(
-                parse_prompt_schedule(args.prompt, args.prompt_at, num_blocks=args.blocks or None),
+                prompts,
+                image=args.image,
                 model=args.model,
                 width=args.width,
                 height=args.height,
@@ -149,6 +185,10 @@ def run(args: argparse.Namespace) -> int:
             info = client.get_session(args.session_id)
             print(client.download_recording(info, args.out))
             return 0
+        if action == "act":
+            keys = [key.strip() for key in args.keys.split(",") if key.strip()]
+            mouse = _mouse_values(args.mouse)
+            return _command(client, args.session_id, lambda i: i.act(keys, mouse))
         if action == "prompt":
             return _command(client, args.session_id, lambda i: i.set_prompt(args.text, args.recache))
         return _command(client, args.session_id, lambda i: getattr(i, action)())

@@ -4,9 +4,12 @@ from inferix.client.aio import AsyncClient, AsyncInteraction
 from inferix.client.reconnect import ReconnectPolicy
 from inferix.client.sync import Client, Interaction
 from inferix.client.types import (
+    ActionKeyInfo,
+    ActionSchemaInfo,
     BlockDone,
     CommandAccepted,
     Event,
+    MouseAxisInfo,
     PromptChange,
     SessionError,
     SessionInfo,
@@ -14,6 +17,8 @@ from inferix.client.types import (
 )
 
 __all__ = [
+    "ActionKeyInfo",
+    "ActionSchemaInfo",
     "AsyncClient",
     "AsyncInteraction",
     "BlockDone",
@@ -21,6 +26,7 @@ __all__ = [
     "CommandAccepted",
     "Event",
     "Interaction",
+    "MouseAxisInfo",
     "PromptChange",
     "ReconnectPolicy",
     "SessionError",

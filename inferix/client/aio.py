@@ -12,7 +12,15 @@ import grpc
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address
 from inferix.client.reconnect import EventCursor, ReconnectPolicy
-from inferix.client.types import Event, PromptChange, SessionInfo, event_from_proto, session_spec, state_value
+from inferix.client.types import (
+    Event,
+    PromptChange,
+    SessionInfo,
+    action_request,
+    event_from_proto,
+    session_spec,
+    state_value,
+)
 from inferix.telemetry import client_interceptors
 
 
@@ -41,6 +49,12 @@ class AsyncInteraction:
         await self._outgoing.put(
             scheduler_pb2.InteractRequest(set_prompt=scheduler_pb2.SetPrompt(text=text, recache=recache))
         )
+
+    async def act(self, keys: list[str] | tuple[str, ...] = (), mouse: list[float] | tuple[float, ...] = ()) -> None:
+        """Hold these keys (by key or name, e.g. "W" or "forward") and mouse values (one per axis of
+        the session's `action_schema`; empty: still) from the next block boundary on; several before
+        one boundary: the latest wins. Answered by `CommandAccepted` (with the block) or `SessionError`."""
+        await self._outgoing.put(action_request(keys, mouse))
 
     async def pause(self) -> None:
         await self._outgoing.put(scheduler_pb2.InteractRequest(pause=scheduler_pb2.Pause()))
@@ -75,7 +89,7 @@ class AsyncClient:
 
     async def create_session(
         self,
-        prompt: str | list[PromptChange],
+        prompt: str | list[PromptChange] | None = None,
         *,
         model: str = "toyworld",
         width: int = 0,
@@ -85,10 +99,13 @@ class AsyncClient:
         lookahead: int = 0,
         wait_for_capacity: bool = False,
         rtmp: bool = False,
+        image: bytes | str | Path | None = None,
     ) -> SessionInfo:
         """Create a session (width/height 0 = the model's native size; num_blocks 0 = unbounded).
 
-        `rtmp=True` also pushes it to the server's RTMP relay (`SessionInfo.rtmp_url`).
+        `rtmp=True` also pushes it to the server's RTMP relay (`SessionInfo.rtmp_url`). Image-to-world
+        models (Matrix-Game 2.0) take no prompt but a start `image` (PNG or JPEG: bytes or a path) and
+        need `num_blocks`.
         """
         spec = session_spec(
             prompt,
@@ -100,6 +117,7 @@ class AsyncClient:
             lookahead=lookahead,
             wait_for_capacity=wait_for_capacity,
             rtmp=rtmp,
+            image=image,
         )
         reply = await self._stub.CreateSession(
             scheduler_pb2.CreateSessionRequest(spec=spec), timeout=self.timeout, metadata=self._metadata

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
@@ -18,6 +19,41 @@ def state_name(value: int) -> SessionStateName:
 
 def state_value(name: str) -> int:
     return common_pb2.SessionState.Value(f"SESSION_STATE_{name.upper()}")
+
+
+@dataclass(frozen=True)
+class ActionKeyInfo:
+    """One key of a model's actions: what it does and the key that sends it ("" when none)."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
+class MouseAxisInfo:
+    """One mouse axis: a per-frame camera step within [minimum, maximum]."""
+
+    name: str
+    minimum: float
+    maximum: float
+
+
+@dataclass(frozen=True)
+class ActionSchemaInfo:
+    """What `act()` takes for this session's model: keys by key or name, one mouse value per axis
+    in this order; `one_hot`: one key at a time."""
+
+    keys: tuple[ActionKeyInfo, ...]
+    mouse: tuple[MouseAxisInfo, ...]
+    one_hot: bool
+
+    @classmethod
+    def from_proto(cls, schema: common_pb2.ActionSchema) -> ActionSchemaInfo:
+        return cls(
+            tuple(ActionKeyInfo(k.name, k.key) for k in schema.keys),
+            tuple(MouseAxisInfo(a.name, a.minimum, a.maximum) for a in schema.mouse),
+            schema.one_hot,
+        )
 
 
 @dataclass(frozen=True)
@@ -37,6 +73,10 @@ class SessionInfo:
     rtmp_url: str = ""  # set when the session asked for RTMP and the server has it
     viewer_url: str = ""  # the live viewer page; its #token= is a credential for this session
     prompts: tuple[PromptChange, ...] = field(default_factory=tuple)
+    # Action-conditioned models (Matrix-Game 2.0): what they take, and what is held for the next block.
+    action_schema: ActionSchemaInfo | None = None
+    current_keys: tuple[str, ...] = ()
+    current_mouse: tuple[float, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -60,6 +100,9 @@ class SessionInfo:
             rtmp_url=s.urls.rtmp,
             viewer_url=s.urls.webrtc_page,
             prompts=tuple(PromptChange(p.at_block, p.text, p.recache) for p in s.spec.prompts),
+            action_schema=ActionSchemaInfo.from_proto(s.action_schema) if s.HasField("action_schema") else None,
+            current_keys=tuple(s.current_action.keys),
+            current_mouse=tuple(s.current_action.mouse),
         )
 
 
@@ -120,8 +163,22 @@ def event_from_proto(r: scheduler_pb2.InteractResponse) -> Event:
     return SessionError(r.session_id, r.error.code, r.error.message)
 
 
+def action_request(
+    keys: list[str] | tuple[str, ...], mouse: list[float] | tuple[float, ...]
+) -> scheduler_pb2.InteractRequest:
+    """An Interact action: keys held (by key or name) and one mouse value per axis (empty: still)."""
+    return scheduler_pb2.InteractRequest(action=scheduler_pb2.Action(keys=list(keys), mouse=list(mouse)))
+
+
+def image_bytes(image: bytes | str | Path | None) -> bytes:
+    """A start image as sent: its bytes, read from a path when given one."""
+    if image is None:
+        return b""
+    return image if isinstance(image, bytes) else Path(image).read_bytes()
+
+
 def session_spec(
-    prompt: str | list[PromptChange],
+    prompt: str | list[PromptChange] | None,
     *,
     model: str,
     width: int,
@@ -131,8 +188,9 @@ def session_spec(
     lookahead: int,
     wait_for_capacity: bool,
     rtmp: bool = False,
+    image: bytes | str | Path | None = None,
 ) -> common_pb2.SessionSpec:
-    changes = [PromptChange(0, prompt)] if isinstance(prompt, str) else list(prompt)
+    changes = [PromptChange(0, prompt)] if isinstance(prompt, str) else list(prompt or [])
     return common_pb2.SessionSpec(
         model=model,
         resolution=common_pb2.Resolution(width=width, height=height),
@@ -142,4 +200,5 @@ def session_spec(
         outputs=common_pb2.OutputOptions(mp4=True, rtmp=rtmp),
         lookahead=lookahead,
         wait_for_capacity=wait_for_capacity,
+        image=image_bytes(image),
     )

@@ -34,7 +34,15 @@ from typing import Any
 from inferix.errors import UserError
 from inferix.spec.matrixgame import ActionSchema
 
-__all__ = ["ActionEntry", "ActionRows", "ActionTrack", "block_start_frame", "parse_action_track"]
+__all__ = [
+    "ActionEntry",
+    "ActionRows",
+    "ActionTrack",
+    "HeldAction",
+    "block_start_frame",
+    "parse_action_track",
+    "parse_held_action",
+]
 
 _ENTRY_FIELDS = ("frame", "block", "keys", "mouse")
 
@@ -106,6 +114,44 @@ class ActionTrack:
                     for axis, value in zip(schema.mouse, moves, strict=False):
                         mouse[row][axis.column] = value
         return ActionRows(keyboard, mouse)
+
+
+@dataclass(frozen=True)
+class HeldAction:
+    """Keys (schema indices) and mouse values (one per schema axis) held live, e.g. during a block
+    of a served session; no keys and a still mouse when built from nothing."""
+
+    keys: tuple[int, ...]
+    mouse: tuple[float, ...]
+
+    def key_names(self, schema: ActionSchema) -> list[str]:
+        """The keys as a client names them (the key, else the action name)."""
+        return [schema.keys[i].key or schema.keys[i].name for i in self.keys]
+
+    def keyboard_row(self, schema: ActionSchema) -> list[float]:
+        """One raw keyboard row (0/1 per key), as a track's row of the same entry."""
+        return [1.0 if i in self.keys else 0.0 for i in range(schema.keyboard_dim)]
+
+    def mouse_row(self, schema: ActionSchema) -> list[float] | None:
+        """One raw mouse row (None: the schema has no mouse), as a track's row of the same entry."""
+        if not schema.mouse_columns:
+            return None
+        row = [0.0] * schema.mouse_columns
+        for axis, value in zip(schema.mouse, self.mouse, strict=False):
+            row[axis.column] = value
+        return row
+
+
+def parse_held_action(schema: ActionSchema, keys: list[str], mouse: list[float], where: str) -> HeldAction:
+    """Keys by name and mouse values in the schema's axis order (empty: still), checked as a track
+    entry is (one-line `UserError`s naming `where` and the field)."""
+    if mouse and len(mouse) != len(schema.mouse):
+        if not schema.mouse:
+            raise UserError(f"{where}: mouse: this model takes no mouse input (keys only)")
+        axes = ", ".join(a.name for a in schema.mouse)
+        raise UserError(f"{where}: mouse: expected {len(schema.mouse)} value(s) ({axes}), got {len(mouse)}")
+    moves = {axis.name: value for axis, value in zip(schema.mouse, mouse, strict=False)}
+    return HeldAction(_keys(schema, list(keys), where), _mouse(schema, moves, where))
 
 
 def _schema_keys(schema: ActionSchema) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from inferix.api.v1 import kvcache_pb2
+from inferix.api.v1 import common_pb2, kvcache_pb2
 
 FLOAT32_BYTES = 4
 
@@ -28,6 +28,10 @@ class CommittedBlock:
     # Chunk-pipelined models (MAGI-1): the in-flight window after this chunk, same layout as latents.
     carry_shape: tuple[int, ...] = ()
     carry: bytes = b""
+    # Action-conditioned models (Matrix-Game 2.0): the action held during the block, as a client
+    # sends it (keys by name, mouse values in the schema's axis order); empty: neutral, or a model without actions.
+    action_keys: tuple[str, ...] = ()
+    action_mouse: tuple[float, ...] = ()
 
     def problem(self) -> str | None:
         """What is wrong with the block's data (None when it is well-formed)."""
@@ -41,7 +45,7 @@ class CommittedBlock:
         return None
 
     def to_proto(self) -> kvcache_pb2.CommittedBlock:
-        return kvcache_pb2.CommittedBlock(
+        message = kvcache_pb2.CommittedBlock(
             block_index=self.block_index,
             start_frame=self.start_frame,
             shape=list(self.shape),
@@ -50,6 +54,9 @@ class CommittedBlock:
             carry_shape=list(self.carry_shape),
             carry=self.carry,
         )
+        if self.action_keys or self.action_mouse:
+            message.action.CopyFrom(common_pb2.HeldAction(keys=self.action_keys, mouse=self.action_mouse))
+        return message
 
     @classmethod
     def from_proto(cls, message: kvcache_pb2.CommittedBlock) -> CommittedBlock:
@@ -61,6 +68,8 @@ class CommittedBlock:
             message.prompt,
             tuple(message.carry_shape),
             message.carry,
+            tuple(message.action.keys),
+            tuple(message.action.mouse),
         )
 
     def encode(self) -> bytes:

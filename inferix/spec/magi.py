@@ -13,11 +13,18 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from inferix.errors import UserError
+from inferix.spec.matrixgame import (
+    MatrixGamePreset,
+    is_matrixgame_name,
+    load_served_matrixgame_preset,
+    matrixgame_session_shape,
+)
 from inferix.spec.presets import ModelPreset, VideoDefaults, load_preset, merge_sections, read_yaml
 from inferix.spec.sizing import MAX_SIDE, VAE_SPATIAL_FACTOR, SessionShape, session_shape
 
 __all__ = [
     "AnyPreset",
+    "ServedPreset",
     "any_session_shape",
     "MagiFiles",
     "MagiPreset",
@@ -162,10 +169,14 @@ def is_magi_preset(name: str) -> bool:
 
 
 AnyPreset = ModelPreset | MagiPreset
+# What a worker may serve: a text model of either family, or an action-conditioned world model.
+ServedPreset = ModelPreset | MagiPreset | MatrixGamePreset
 
 
-def load_any_preset(name: str) -> AnyPreset:
+def load_any_preset(name: str) -> ServedPreset:
     """A shipped preset of any family by name (what the scheduler knows a served model by)."""
+    if is_matrixgame_name(name):
+        return load_served_matrixgame_preset(name)
     return load_magi_preset(name) if is_magi_preset(name) else load_preset(name)
 
 
@@ -231,8 +242,10 @@ def magi_session_shape(preset: MagiPreset, width: int, height: int, num_blocks: 
     )
 
 
-def any_session_shape(preset: AnyPreset, width: int, height: int, num_blocks: int | None) -> SessionShape:
+def any_session_shape(preset: ServedPreset, width: int, height: int, num_blocks: int | None) -> SessionShape:
     """`session_shape` for a preset of any family."""
+    if isinstance(preset, MatrixGamePreset):
+        return matrixgame_session_shape(preset, width, height, num_blocks)
     if isinstance(preset, MagiPreset):
         return magi_session_shape(preset, width, height, num_blocks)
     return session_shape(preset, width, height, num_blocks)

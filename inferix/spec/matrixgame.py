@@ -9,6 +9,7 @@ comment says they come from the public Matrix-Game 2.0 configs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from inferix.errors import UserError
-from inferix.spec.presets import read_yaml
+from inferix.spec.presets import VideoDefaults, read_yaml
+from inferix.spec.sizing import VAE_SPATIAL_FACTOR, VAE_TEMPORAL_FACTOR, SessionShape
 
 __all__ = [
     "ActionKey",
@@ -28,7 +30,10 @@ __all__ = [
     "MatrixGameSampling",
     "MouseAxis",
     "is_matrixgame_model",
+    "is_matrixgame_name",
     "load_matrixgame_preset",
+    "load_served_matrixgame_preset",
+    "matrixgame_session_shape",
     "matrixgame_presets",
     "matrixgame_variant",
 ]
@@ -37,6 +42,14 @@ __all__ = [
 MODEL_PREFIX = "matrixgame2-"
 # The built-in random-weights model (tests and smoke runs): the golden case's tiny sizes.
 TINY_MODEL = "matrixgame2-tiny"
+# Its native size (the universal variant's actions and sampling at 48x32, as its loader builds it).
+TINY_WIDTH, TINY_HEIGHT = 48, 32
+# Frame rate of every variant (the released demos write 16 fps).
+FPS = 16
+# Latent frames of a session at most: the DiT's RoPE table (as the reference's).
+MAX_LATENT_FRAMES = 1024
+# Spatial patch of every released variant's DiT ([1, 2, 2]).
+PATCH = 2
 
 
 @dataclass(frozen=True)
@@ -147,6 +160,11 @@ class MatrixGamePreset:
             raise UserError(f"{origin}: action_config.enable_mouse disagrees with the schema's mouse axes")
         return preset
 
+    @property
+    def video(self) -> VideoDefaults:
+        """Frame rate and native size, as the other families' presets give them to the mesh."""
+        return VideoDefaults(fps=FPS, height=self.height, width=self.width)
+
 
 def _preset_files() -> dict[str, Traversable]:
     folder = resources.files("inferix.spec").joinpath("presets", "matrixgame2")
@@ -169,6 +187,55 @@ def matrixgame_variant(name: str) -> str | None:
     """The shipped preset a model name `matrixgame2-<variant>` names, or None (another family's name)."""
     variant = name.removeprefix(MODEL_PREFIX)
     return variant if name.startswith(MODEL_PREFIX) and variant in _preset_files() else None
+
+
+def load_served_matrixgame_preset(model: str) -> MatrixGamePreset:
+    """The preset of a model name a worker serves: `matrixgame2-<variant>`, or the built-in tiny one
+    (the universal variant at 48x32; the control plane never builds its DiT, so the variant's
+    `model_config` stands in for the tiny one's)."""
+    if model == TINY_MODEL:
+        universal = load_matrixgame_preset("universal")
+        return dataclasses.replace(universal, name=TINY_MODEL, height=TINY_HEIGHT, width=TINY_WIDTH)
+    variant = matrixgame_variant(model)
+    if variant is None:
+        raise UserError(f"unknown Matrix-Game 2.0 model {model!r}; available: {TINY_MODEL}, "
+                        + ", ".join(MODEL_PREFIX + v for v in matrixgame_presets()))  # fmt: skip
+    return dataclasses.replace(load_matrixgame_preset(variant), name=model)
+
+
+def is_matrixgame_name(model: str) -> bool:
+    """Whether a served model name (not a folder) is a Matrix-Game 2.0 model."""
+    return model == TINY_MODEL or matrixgame_variant(model) is not None
+
+
+def matrixgame_session_shape(preset: MatrixGamePreset, width: int, height: int, num_blocks: int | None) -> SessionShape:
+    """A served Matrix-Game session checked and sized: its native resolution only (a worker's pool
+    pages hold one latent frame at that size), its length up front (the first-frame conditioning
+    covers every latent frame), a KV window of `local_attn_size` pages."""
+    if (width, height) != (preset.width, preset.height):
+        raise UserError(
+            f"resolution {width}x{height} is not supported by model {preset.name!r}: a served Matrix-Game "
+            f"session runs at the model's native {preset.width}x{preset.height}"
+        )
+    nf = preset.sampling.num_frame_per_block
+    max_blocks = MAX_LATENT_FRAMES // nf
+    if num_blocks is None or not 1 <= num_blocks <= max_blocks:
+        raise UserError(
+            f"a Matrix-Game session needs its number of blocks up front: between 1 and {max_blocks} blocks "
+            f"({MAX_LATENT_FRAMES} latent frames), got {num_blocks or 0}"
+        )
+    window = preset.sampling.local_attn_size
+    multiple = VAE_SPATIAL_FACTOR * PATCH
+    return SessionShape(
+        width=width,
+        height=height,
+        tokens_per_frame=(width // multiple) * (height // multiple),
+        pages_per_frame=1,
+        cache_frames=window,
+        pages=window,
+        frames_per_block=nf,
+        video_frames_per_block=VAE_TEMPORAL_FACTOR * nf,
+    )
 
 
 def is_matrixgame_model(model: str | Path | None) -> bool:

@@ -19,10 +19,12 @@ by the golden case), converted to uint8 like every other engine's.
 from __future__ import annotations
 
 import dataclasses
+import io
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,22 +32,25 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from inferix.errors import UserError
-from inferix.spec.actions import ActionTrack
+from inferix.spec.actions import ActionTrack, HeldAction, parse_held_action
+from inferix.spec.blocks import CommittedBlock
 from inferix.spec.matrixgame import TINY_MODEL, ActionSchema, MatrixGamePreset
 from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
+from workers.engine.batching import BlockBatcher, default_max_tokens
 from workers.engine.checkpoint import parse_dtype
-from workers.engine.engine import VideoBlock, to_uint8_frames
+from workers.engine.engine import VideoBlock, committed_latents, to_uint8_frames
 from workers.engine.kv.pool import KVPool, SessionUsage
 from workers.engine.models.matrixgame.action import ActionInputs
 from workers.engine.models.matrixgame.conditioning import condition_on_image
 from workers.engine.models.matrixgame.loader import MatrixGameModel, load_matrixgame_model, load_tiny_matrixgame
 from workers.engine.models.matrixgame.sampler import MatrixGamePipeline, WorldSession
 from workers.engine.noise import SeededNoise
+from workers.engine.pipeline import DiTJob
 
-__all__ = ["ImageInput", "MatrixGameEngine", "MatrixGameSession", "fit_image", "pipeline_config"]
+__all__ = ["ImageInput", "MatrixGameEngine", "MatrixGameSession", "fit_image", "load_model", "pipeline_config"]
 
-# A start image: uint8 [H, W, 3] RGB, or the path of a PNG / JPEG.
-ImageInput = np.ndarray | str | Path
+# A start image: uint8 [H, W, 3] RGB, the path of a PNG / JPEG, or its bytes (as the mesh sends it).
+ImageInput = np.ndarray | str | Path | bytes
 
 
 def pipeline_config(preset: MatrixGamePreset) -> PipelineConfig:
@@ -60,16 +65,32 @@ def pipeline_config(preset: MatrixGamePreset) -> PipelineConfig:
     return PipelineConfig(BlockConfig(s.num_frame_per_block, s.local_attn_size, s.sink_size), sampling)
 
 
+def load_model(
+    model: str | Path,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str = "cpu",
+    attention_backend: str = "auto",
+) -> MatrixGameModel:
+    """A model folder, or the built-in `matrixgame2-tiny` (random weights) unless a folder has its name."""
+    weights = parse_dtype(dtype)
+    if str(model) == TINY_MODEL and not Path(model).exists():
+        return load_tiny_matrixgame(weights, device, attention_backend)
+    return load_matrixgame_model(Path(model).expanduser(), weights, device, attention_backend)
+
+
 def _read_image(image: ImageInput) -> np.ndarray:
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
             raise UserError(f"the start image must be uint8 [H, W, 3] RGB, got {image.dtype} {list(image.shape)}")
         return image
+    source = io.BytesIO(image) if isinstance(image, bytes) else image
     try:
-        with Image.open(image) as opened:
+        with Image.open(source) as opened:
             return np.asarray(opened.convert("RGB"))
     except (OSError, UnidentifiedImageError) as exc:
-        raise UserError(f"cannot read the start image {image}: {exc}") from None
+        name = f"({len(image)} bytes)" if isinstance(image, bytes) else str(image)
+        raise UserError(f"cannot read the start image {name}: {exc}") from None
 
 
 def fit_image(image: np.ndarray, width: int, height: int) -> np.ndarray:
@@ -113,6 +134,7 @@ class MatrixGameSession:
         if num_blocks is None or num_blocks < 1:
             raise UserError(f"a Matrix-Game session needs its number of blocks up front (at least 1), got {num_blocks}")
         self.model = model
+        self.schema = engine.action_schema
         self.width, self.height = width, height
         nf = engine.pipeline.config.block.num_frame_per_block
         ratio = model.dit.config.action.vae_time_compression_ratio
@@ -130,6 +152,8 @@ class MatrixGameSession:
             conditioning, inputs, SeededNoise(seed), pool=engine.pool, session_id=session_id
         )
         self.next_frame = 0
+        # Matrix-Game has no text conditioning; the mesh's block events carry this empty prompt.
+        self.prompt_text = ""
 
     @property
     def session_id(self) -> str:
@@ -146,6 +170,60 @@ class MatrixGameSession:
     def hold_actions(self, keyboard: Tensor, mouse: Tensor | None = None) -> None:
         """Live control: keys [K] and mouse [axes] for the next block (see `WorldSession.hold_actions`)."""
         self.world.hold_actions(keyboard, mouse)
+
+    def hold(self, action: HeldAction) -> None:
+        """Hold a parsed action (`parse_held_action`) during the next block: the same raw rows as a
+        track entry starting at that block."""
+        keyboard = torch.tensor(action.keyboard_row(self.schema))
+        mouse = action.mouse_row(self.schema)
+        self.hold_actions(keyboard, None if mouse is None else torch.tensor(mouse))
+
+    def block_job(self) -> DiTJob[VideoBlock]:
+        """`next_block` as a batcher job: a Matrix-Game block runs whole, alone (one session per call)."""
+        yield from ()
+        return self.next_block()
+
+    @torch.no_grad()
+    def restore(self, committed: Sequence[CommittedBlock], *, from_start: bool = True) -> list[int]:
+        """Continue after committed blocks (in order; a long history may come in several calls): each
+        is replayed under the action it was made with -- its context pass rewrites every cache the
+        block wrote, its decode advances the VAE's state -- so the next block is the one an
+        uninterrupted session makes. Returns each block's pixel-frame count."""
+        world = self.world
+        if from_start and world.next_block:
+            raise RuntimeError("restore from the start needs a fresh session")
+        device = self.model.dit.patch_embedding.weight.device
+        nf = world.frames_per_block
+        frames = []
+        for block in committed:
+            if block.block_index != world.next_block:
+                raise UserError(f"committed block {block.block_index}: the session's next block is {world.next_block}")
+            self.hold(parse_held_action(self.schema, list(block.action_keys), list(block.action_mouse), "action"))
+            x0 = committed_latents(block).to(device, world.pipeline.timesteps.dtype)
+            start = block.start_frame
+            cond = world.conditioning.cond_concat[:, start : start + nf].to(device)
+            t = torch.full((1, nf), world.pipeline.config.sampling.context_noise, device=device)
+            world._call(x0, cond, t.to(world.pipeline.timesteps.dtype), start)
+            video = world.pipeline.vae.decode_block(x0.half().to(x0.dtype), world.decode_state)
+            world.next_block += 1
+            frames.append(int(video.shape[1]))
+        self.next_frame += sum(frames)
+        return frames
+
+    def new_redecode_state(self) -> Any:
+        return self.model.vae.new_decode_state()
+
+    @torch.no_grad()
+    def redecode(self, block: CommittedBlock, state: Any) -> np.ndarray:
+        """A committed block's frames again (for a restarted streamer), decoded as `next_block` does."""
+        x0 = committed_latents(block).to(self.model.vae.conv1.weight.device)
+        return to_uint8_frames(self.model.vae.decode_block(x0.half().to(x0.dtype), state))
+
+    def offload(self) -> None:
+        self.world.cache.offload()
+
+    def prefetch(self) -> None:
+        self.world.cache.prefetch()
 
     @torch.no_grad()
     def next_block(self) -> VideoBlock:
@@ -209,12 +287,13 @@ class MatrixGameEngine:
         kv_pages: int | None = None,
     ) -> MatrixGameEngine:
         """A model folder, or the built-in `matrixgame2-tiny` (random weights)."""
-        weights = parse_dtype(dtype)
-        if str(model) == TINY_MODEL and not Path(model).exists():
-            loaded = load_tiny_matrixgame(weights, device, attention_backend)
-        else:
-            loaded = load_matrixgame_model(Path(model).expanduser(), weights, device, attention_backend)
-        return cls(loaded, kv_pages=kv_pages)
+        return cls(load_model(model, dtype=dtype, device=device, attention_backend=attention_backend), kv_pages)
+
+    def batcher(self, max_tokens: int | None = None, on_forward: Any = None) -> BlockBatcher:
+        """A batcher for the worker's job loop; Matrix-Game jobs run whole, so it never calls the DiT."""
+        device = self.model.dit.patch_embedding.weight.device
+        tokens = max_tokens if max_tokens is not None else default_max_tokens(device)
+        return BlockBatcher(self.model.dit, tokens, on_forward)  # type: ignore[arg-type]
 
     @property
     def action_schema(self) -> ActionSchema:

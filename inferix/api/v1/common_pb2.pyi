@@ -53,7 +53,7 @@ class OutputOptions(_message.Message):
     def __init__(self, mp4: _Optional[bool] = ..., rtmp: _Optional[bool] = ..., webrtc: _Optional[bool] = ...) -> None: ...
 
 class SessionSpec(_message.Message):
-    __slots__ = ("model", "resolution", "seed", "prompts", "num_blocks", "outputs", "lookahead", "wait_for_capacity")
+    __slots__ = ("model", "resolution", "seed", "prompts", "num_blocks", "outputs", "lookahead", "wait_for_capacity", "image")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class SessionSpec(_message.Message):
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
     model: str
     resolution: Resolution
     seed: int
@@ -70,7 +71,44 @@ class SessionSpec(_message.Message):
     outputs: OutputOptions
     lookahead: int
     wait_for_capacity: bool
-    def __init__(self, model: _Optional[str] = ..., resolution: _Optional[_Union[Resolution, _Mapping]] = ..., seed: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[PromptChange, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., outputs: _Optional[_Union[OutputOptions, _Mapping]] = ..., lookahead: _Optional[int] = ..., wait_for_capacity: _Optional[bool] = ...) -> None: ...
+    image: bytes
+    def __init__(self, model: _Optional[str] = ..., resolution: _Optional[_Union[Resolution, _Mapping]] = ..., seed: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[PromptChange, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., outputs: _Optional[_Union[OutputOptions, _Mapping]] = ..., lookahead: _Optional[int] = ..., wait_for_capacity: _Optional[bool] = ..., image: _Optional[bytes] = ...) -> None: ...
+
+class HeldAction(_message.Message):
+    __slots__ = ("keys", "mouse")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MOUSE_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    mouse: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., mouse: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ActionKey(_message.Message):
+    __slots__ = ("name", "key")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    key: str
+    def __init__(self, name: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
+
+class MouseAxis(_message.Message):
+    __slots__ = ("name", "minimum", "maximum")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MINIMUM_FIELD_NUMBER: _ClassVar[int]
+    MAXIMUM_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    minimum: float
+    maximum: float
+    def __init__(self, name: _Optional[str] = ..., minimum: _Optional[float] = ..., maximum: _Optional[float] = ...) -> None: ...
+
+class ActionSchema(_message.Message):
+    __slots__ = ("keys", "mouse", "one_hot")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MOUSE_FIELD_NUMBER: _ClassVar[int]
+    ONE_HOT_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[ActionKey]
+    mouse: _containers.RepeatedCompositeFieldContainer[MouseAxis]
+    one_hot: bool
+    def __init__(self, keys: _Optional[_Iterable[_Union[ActionKey, _Mapping]]] = ..., mouse: _Optional[_Iterable[_Union[MouseAxis, _Mapping]]] = ..., one_hot: _Optional[bool] = ...) -> None: ...
 
 class PlaybackUrls(_message.Message):
     __slots__ = ("mp4", "rtmp", "webrtc_page")
@@ -83,7 +121,7 @@ class PlaybackUrls(_message.Message):
     def __init__(self, mp4: _Optional[str] = ..., rtmp: _Optional[str] = ..., webrtc_page: _Optional[str] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "spec", "state", "blocks_done", "worker_id", "urls", "error", "created_at_unix", "current_prompt")
+    __slots__ = ("session_id", "spec", "state", "blocks_done", "worker_id", "urls", "error", "created_at_unix", "current_prompt", "action_schema", "current_action")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +131,8 @@ class Session(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     CURRENT_PROMPT_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_ACTION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     spec: SessionSpec
     state: SessionState
@@ -102,7 +142,9 @@ class Session(_message.Message):
     error: str
     created_at_unix: float
     current_prompt: str
-    def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., blocks_done: _Optional[int] = ..., worker_id: _Optional[str] = ..., urls: _Optional[_Union[PlaybackUrls, _Mapping]] = ..., error: _Optional[str] = ..., created_at_unix: _Optional[float] = ..., current_prompt: _Optional[str] = ...) -> None: ...
+    action_schema: ActionSchema
+    current_action: HeldAction
+    def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[SessionSpec, _Mapping]] = ..., state: _Optional[_Union[SessionState, str]] = ..., blocks_done: _Optional[int] = ..., worker_id: _Optional[str] = ..., urls: _Optional[_Union[PlaybackUrls, _Mapping]] = ..., error: _Optional[str] = ..., created_at_unix: _Optional[float] = ..., current_prompt: _Optional[str] = ..., action_schema: _Optional[_Union[ActionSchema, _Mapping]] = ..., current_action: _Optional[_Union[HeldAction, _Mapping]] = ...) -> None: ...
 
 class BlockTimings(_message.Message):
     __slots__ = ("denoise_ms", "context_ms", "decode_ms", "total_ms", "dispatch_to_done_ms")

@@ -176,7 +176,7 @@ class ReleaseResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class CommittedBlock(_message.Message):
-    __slots__ = ("block_index", "start_frame", "shape", "latents", "prompt", "carry_shape", "carry")
+    __slots__ = ("block_index", "start_frame", "shape", "latents", "prompt", "carry_shape", "carry", "action")
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     START_FRAME_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,7 @@ class CommittedBlock(_message.Message):
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     CARRY_SHAPE_FIELD_NUMBER: _ClassVar[int]
     CARRY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
     block_index: int
     start_frame: int
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -191,7 +192,8 @@ class CommittedBlock(_message.Message):
     prompt: str
     carry_shape: _containers.RepeatedScalarFieldContainer[int]
     carry: bytes
-    def __init__(self, block_index: _Optional[int] = ..., start_frame: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., latents: _Optional[bytes] = ..., prompt: _Optional[str] = ..., carry_shape: _Optional[_Iterable[int]] = ..., carry: _Optional[bytes] = ...) -> None: ...
+    action: _common_pb2.HeldAction
+    def __init__(self, block_index: _Optional[int] = ..., start_frame: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., latents: _Optional[bytes] = ..., prompt: _Optional[str] = ..., carry_shape: _Optional[_Iterable[int]] = ..., carry: _Optional[bytes] = ..., action: _Optional[_Union[_common_pb2.HeldAction, _Mapping]] = ...) -> None: ...
 
 class CommitBlockRequest(_message.Message):
     __slots__ = ("session_id", "block")

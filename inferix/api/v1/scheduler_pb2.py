@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from inferix.api.v1 import common_pb2 as inferix_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ainferix/v1/scheduler.proto\x12\ninferix.v1\x1a\x17inferix/v1/common.proto\"=\n\x14\x43reateSessionRequest\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.inferix.v1.SessionSpec\"=\n\x15\x43reateSessionResponse\x12$\n\x07session\x18\x01 \x01(\x0b\x32\x13.inferix.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\":\n\x12GetSessionResponse\x12$\n\x07session\x18\x01 \x01(\x0b\x32\x13.inferix.v1.Session\"?\n\x13ListSessionsRequest\x12(\n\x06states\x18\x01 \x03(\x0e\x32\x18.inferix.v1.SessionState\"=\n\x14ListSessionsResponse\x12%\n\x08sessions\x18\x01 \x03(\x0b\x32\x13.inferix.v1.Session\"*\n\x14\x43\x61ncelSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"=\n\x15\x43\x61ncelSessionResponse\x12$\n\x07session\x18\x01 \x01(\x0b\x32\x13.inferix.v1.Session\"0\n\x06\x41ttach\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nfrom_block\x18\x02 \x01(\r\"*\n\tSetPrompt\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07recache\x18\x02 \x01(\x08\"\x19\n\x06\x41\x63tion\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\"\x07\n\x05Pause\"\x08\n\x06Resume\"\x06\n\x04Stop\"\x81\x02\n\x0fInteractRequest\x12$\n\x06\x61ttach\x18\x01 \x01(\x0b\x32\x12.inferix.v1.AttachH\x00\x12+\n\nset_prompt\x18\x02 \x01(\x0b\x32\x15.inferix.v1.SetPromptH\x00\x12$\n\x06\x61\x63tion\x18\x03 \x01(\x0b\x32\x12.inferix.v1.ActionH\x00\x12\"\n\x05pause\x18\x04 \x01(\x0b\x32\x11.inferix.v1.PauseH\x00\x12$\n\x06resume\x18\x05 \x01(\x0b\x32\x12.inferix.v1.ResumeH\x00\x12 \n\x04stop\x18\x06 \x01(\x0b\x32\x10.inferix.v1.StopH\x00\x42\t\n\x07\x63ommand\"F\n\x0bStateChange\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.inferix.v1.SessionState\x12\x0e\n\x06reason\x18\x02 \x01(\t\"<\n\x0f\x43ommandAccepted\x12\x18\n\x10\x61pplies_at_block\x18\x01 \x01(\r\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\"+\n\nErrorEvent\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xdc\x01\n\x10InteractResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.inferix.v1.BlockEventH\x00\x12(\n\x05state\x18\x03 \x01(\x0b\x32\x17.inferix.v1.StateChangeH\x00\x12/\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x0b\x32\x1b.inferix.v1.CommandAcceptedH\x00\x12\'\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.inferix.v1.ErrorEventH\x00\x42\x07\n\x05\x65vent2\xa9\x03\n\x10SchedulerService\x12T\n\rCreateSession\x12 .inferix.v1.CreateSessionRequest\x1a!.inferix.v1.CreateSessionResponse\x12K\n\nGetSession\x12\x1d.inferix.v1.GetSessionRequest\x1a\x1e.inferix.v1.GetSessionResponse\x12Q\n\x0cListSessions\x12\x1f.inferix.v1.ListSessionsRequest\x1a .inferix.v1.ListSessionsResponse\x12T\n\rCancelSession\x12 .inferix.v1.CancelSessionRequest\x1a!.inferix.v1.CancelSessionResponse\x12I\n\x08Interact\x12\x1b.inferix.v1.InteractRequest\x1a\x1c.inferix.v1.InteractResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ainferix/v1/scheduler.proto\x12\ninferix.v1\x1a\x17inferix/v1/common.proto\"=\n\x14\x43reateSessionRequest\x12%\n\x04spec\x18\x01 \x01(\x0b\x32\x17.inferix.v1.SessionSpec\"=\n\x15\x43reateSessionResponse\x12$\n\x07session\x18\x01 \x01(\x0b\x32\x13.inferix.v1.Session\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\":\n\x12GetSessionResponse\x12$\n\x07session\x18\x01 \x01(\x0b\x32\x13.inferix.v1.Session\"?\n\x13ListSessionsRequest\x12(\n\x06states\x18\x01 \x03(\x0e\x32\x18.inferix.v1.SessionState\"=\n\x14ListSessionsResponse\x12%\n\x08sessions\x18\x01 \x03(\x0b\x32\x13.inferix.v1.Session\"*\n\x14\x43\x61ncelSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"=\n\x15\x43\x61ncelSessionResponse\x12$\n\x07session\x18\x01 \x01(\x0b\x32\x13.inferix.v1.Session\"0\n\x06\x41ttach\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nfrom_block\x18\x02 \x01(\r\"*\n\tSetPrompt\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07recache\x18\x02 \x01(\x08\"6\n\x06\x41\x63tion\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12\r\n\x05mouse\x18\x03 \x03(\x01\"\x07\n\x05Pause\"\x08\n\x06Resume\"\x06\n\x04Stop\"\x81\x02\n\x0fInteractRequest\x12$\n\x06\x61ttach\x18\x01 \x01(\x0b\x32\x12.inferix.v1.AttachH\x00\x12+\n\nset_prompt\x18\x02 \x01(\x0b\x32\x15.inferix.v1.SetPromptH\x00\x12$\n\x06\x61\x63tion\x18\x03 \x01(\x0b\x32\x12.inferix.v1.ActionH\x00\x12\"\n\x05pause\x18\x04 \x01(\x0b\x32\x11.inferix.v1.PauseH\x00\x12$\n\x06resume\x18\x05 \x01(\x0b\x32\x12.inferix.v1.ResumeH\x00\x12 \n\x04stop\x18\x06 \x01(\x0b\x32\x10.inferix.v1.StopH\x00\x42\t\n\x07\x63ommand\"F\n\x0bStateChange\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.inferix.v1.SessionState\x12\x0e\n\x06reason\x18\x02 \x01(\t\"<\n\x0f\x43ommandAccepted\x12\x18\n\x10\x61pplies_at_block\x18\x01 \x01(\r\x12\x0f\n\x07\x63ommand\x18\x02 \x01(\t\"+\n\nErrorEvent\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xdc\x01\n\x10InteractResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x05\x62lock\x18\x02 \x01(\x0b\x32\x16.inferix.v1.BlockEventH\x00\x12(\n\x05state\x18\x03 \x01(\x0b\x32\x17.inferix.v1.StateChangeH\x00\x12/\n\x08\x61\x63\x63\x65pted\x18\x04 \x01(\x0b\x32\x1b.inferix.v1.CommandAcceptedH\x00\x12\'\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.inferix.v1.ErrorEventH\x00\x42\x07\n\x05\x65vent2\xa9\x03\n\x10SchedulerService\x12T\n\rCreateSession\x12 .inferix.v1.CreateSessionRequest\x1a!.inferix.v1.CreateSessionResponse\x12K\n\nGetSession\x12\x1d.inferix.v1.GetSessionRequest\x1a\x1e.inferix.v1.GetSessionResponse\x12Q\n\x0cListSessions\x12\x1f.inferix.v1.ListSessionsRequest\x1a .inferix.v1.ListSessionsResponse\x12T\n\rCancelSession\x12 .inferix.v1.CancelSessionRequest\x1a!.inferix.v1.CancelSessionResponse\x12I\n\x08Interact\x12\x1b.inferix.v1.InteractRequest\x1a\x1c.inferix.v1.InteractResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -53,23 +53,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETPROMPT']._serialized_start=579
   _globals['_SETPROMPT']._serialized_end=621
   _globals['_ACTION']._serialized_start=623
-  _globals['_ACTION']._serialized_end=648
-  _globals['_PAUSE']._serialized_start=650
-  _globals['_PAUSE']._serialized_end=657
-  _globals['_RESUME']._serialized_start=659
-  _globals['_RESUME']._serialized_end=667
-  _globals['_STOP']._serialized_start=669
-  _globals['_STOP']._serialized_end=675
-  _globals['_INTERACTREQUEST']._serialized_start=678
-  _globals['_INTERACTREQUEST']._serialized_end=935
-  _globals['_STATECHANGE']._serialized_start=937
-  _globals['_STATECHANGE']._serialized_end=1007
-  _globals['_COMMANDACCEPTED']._serialized_start=1009
-  _globals['_COMMANDACCEPTED']._serialized_end=1069
-  _globals['_ERROREVENT']._serialized_start=1071
-  _globals['_ERROREVENT']._serialized_end=1114
-  _globals['_INTERACTRESPONSE']._serialized_start=1117
-  _globals['_INTERACTRESPONSE']._serialized_end=1337
-  _globals['_SCHEDULERSERVICE']._serialized_start=1340
-  _globals['_SCHEDULERSERVICE']._serialized_end=1765
+  _globals['_ACTION']._serialized_end=677
+  _globals['_PAUSE']._serialized_start=679
+  _globals['_PAUSE']._serialized_end=686
+  _globals['_RESUME']._serialized_start=688
+  _globals['_RESUME']._serialized_end=696
+  _globals['_STOP']._serialized_start=698
+  _globals['_STOP']._serialized_end=704
+  _globals['_INTERACTREQUEST']._serialized_start=707
+  _globals['_INTERACTREQUEST']._serialized_end=964
+  _globals['_STATECHANGE']._serialized_start=966
+  _globals['_STATECHANGE']._serialized_end=1036
+  _globals['_COMMANDACCEPTED']._serialized_start=1038
+  _globals['_COMMANDACCEPTED']._serialized_end=1098
+  _globals['_ERROREVENT']._serialized_start=1100
+  _globals['_ERROREVENT']._serialized_end=1143
+  _globals['_INTERACTRESPONSE']._serialized_start=1146
+  _globals['_INTERACTRESPONSE']._serialized_end=1366
+  _globals['_SCHEDULERSERVICE']._serialized_start=1369
+  _globals['_SCHEDULERSERVICE']._serialized_end=1794
 # @@protoc_insertion_point(module_scope)

@@ -72,10 +72,14 @@ class SetPrompt(_message.Message):
     def __init__(self, text: _Optional[str] = ..., recache: _Optional[bool] = ...) -> None: ...
 
 class Action(_message.Message):
-    __slots__ = ("payload",)
+    __slots__ = ("payload", "keys", "mouse")
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MOUSE_FIELD_NUMBER: _ClassVar[int]
     payload: bytes
-    def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    mouse: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, payload: _Optional[bytes] = ..., keys: _Optional[_Iterable[str]] = ..., mouse: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Pause(_message.Message):
     __slots__ = ()

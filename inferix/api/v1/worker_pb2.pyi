@@ -28,18 +28,20 @@ class OpenSessionResponse(_message.Message):
     def __init__(self, next_block: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.BlockEvent, _Mapping]]] = ...) -> None: ...
 
 class RunBlockRequest(_message.Message):
-    __slots__ = ("session_id", "block_index", "prompt", "recache", "action")
+    __slots__ = ("session_id", "block_index", "prompt", "recache", "action", "held_action")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     RECACHE_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
+    HELD_ACTION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     block_index: int
     prompt: str
     recache: bool
     action: bytes
-    def __init__(self, session_id: _Optional[str] = ..., block_index: _Optional[int] = ..., prompt: _Optional[str] = ..., recache: _Optional[bool] = ..., action: _Optional[bytes] = ...) -> None: ...
+    held_action: _common_pb2.HeldAction
+    def __init__(self, session_id: _Optional[str] = ..., block_index: _Optional[int] = ..., prompt: _Optional[str] = ..., recache: _Optional[bool] = ..., action: _Optional[bytes] = ..., held_action: _Optional[_Union[_common_pb2.HeldAction, _Mapping]] = ...) -> None: ...
 
 class RunBlockResponse(_message.Message):
     __slots__ = ("block",)

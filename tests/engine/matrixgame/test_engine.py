@@ -3,6 +3,7 @@ sampler's, a track's change shows only in the blocks after it, and bad tracks ar
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,9 +12,10 @@ import pytest
 import torch
 
 from inferix.errors import UserError
-from inferix.spec.actions import ActionTrack, block_start_frame, parse_action_track
+from inferix.spec.actions import ActionTrack, block_start_frame, parse_action_track, parse_held_action
+from inferix.spec.blocks import CommittedBlock
 from inferix.spec.matrixgame import TINY_MODEL, is_matrixgame_model, load_matrixgame_preset
-from workers.engine.engine import to_uint8_frames
+from workers.engine.engine import VideoBlock, to_uint8_frames
 from workers.engine.matrixgame_engine import MatrixGameEngine, _pixels, fit_image
 from workers.engine.models.matrixgame.action import ActionInputs
 from workers.engine.models.matrixgame.clip import CLIPVisionEncoder
@@ -173,3 +175,32 @@ def test_the_clip_tower_loads_from_a_whole_clip_checkpoint(engine: MatrixGameEng
     loaded = CLIPVisionEncoder.from_checkpoint(tmp_path / "clip.safetensors", clip.config)
     pixels = torch.zeros(1, 3, 32, 48)
     assert torch.equal(loaded.encode(pixels), clip.encode(pixels))
+
+
+def test_a_session_restored_from_committed_blocks_continues_bit_identically(engine: MatrixGameEngine) -> None:
+    """What a worker does when a Matrix-Game session moves to it: each committed block replayed under
+    its action, then the next blocks are the uninterrupted session's (and so is a re-decode)."""
+    schema = engine.action_schema
+    plan = [(["W"], [0.0, 0.05]), (["W"], [0.0, 0.05]), (["A", "S"], [0.1, -0.02])]
+    held = [parse_held_action(schema, keys, mouse, "action") for keys, mouse in plan]
+
+    def made(blocks: int) -> list[tuple[VideoBlock, CommittedBlock]]:
+        with engine.open(_image(), num_blocks=BLOCKS, seed=3) as session:
+            out = []
+            for action in held[:blocks]:
+                session.hold(action)
+                block = session.next_block()
+                keys, mouse = tuple(action.key_names(schema)), action.mouse
+                out.append((block, dataclasses.replace(block.committed(), action_keys=keys, action_mouse=mouse)))
+            return out
+
+    whole = made(BLOCKS)
+    with engine.open(_image(), num_blocks=BLOCKS, seed=3) as restored:
+        assert restored.restore([c for _, c in whole[:1]]) == [9]
+        assert restored.restore([c for _, c in whole[1:2]], from_start=False) == [12]
+        restored.hold(held[2])
+        block = restored.next_block()
+        assert block.first_frame == whole[2][0].first_frame
+        assert np.array_equal(block.frames, whole[2][0].frames)
+        state = restored.new_redecode_state()
+        assert all(np.array_equal(restored.redecode(c, state), b.frames) for b, c in whole)
