@@ -192,21 +192,12 @@ class MatrixGameSession:
         world = self.world
         if from_start and world.next_block:
             raise RuntimeError("restore from the start needs a fresh session")
-        device = self.model.dit.patch_embedding.weight.device
-        nf = world.frames_per_block
         frames = []
         for block in committed:
             if block.block_index != world.next_block:
                 raise UserError(f"committed block {block.block_index}: the session's next block is {world.next_block}")
             self.hold(parse_held_action(self.schema, list(block.action_keys), list(block.action_mouse), "action"))
-            x0 = committed_latents(block).to(device, world.pipeline.timesteps.dtype)
-            start = block.start_frame
-            cond = world.conditioning.cond_concat[:, start : start + nf].to(device)
-            t = torch.full((1, nf), world.pipeline.config.sampling.context_noise, device=device)
-            world._call(x0, cond, t.to(world.pipeline.timesteps.dtype), start)
-            video = world.pipeline.vae.decode_block(x0.half().to(x0.dtype), world.decode_state)
-            world.next_block += 1
-            frames.append(int(video.shape[1]))
+            frames.append(int(world.replay_block(committed_latents(block)).shape[1]))
         self.next_frame += sum(frames)
         return frames
 

@@ -187,11 +187,25 @@ class WorldSession:
                 t_next = torch.full_like(t, float(pipeline.timesteps[i + 1]))
                 eps = self.noise.renoise(index, i, tuple(x0.shape)).to(device)
                 x = pipeline.schedule.add_noise(x0, eps, t_next)
-        context_t = torch.full((1, nf), pipeline.config.sampling.context_noise, device=device)
-        context_flow = self._call(x0, cond, context_t.to(pipeline.timesteps.dtype), start)
-        video = pipeline.vae.decode_block(x0.half().to(x0.dtype), self.decode_state)
-        self.next_block += 1
+        context_flow, video = self._commit(x0)
         return WorldBlock(index, start, x0, video, steps, context_flow if self.record_steps else None)
+
+    @torch.no_grad()
+    def replay_block(self, x0: Tensor) -> Tensor:
+        """Continue from the next block's clean latents ``x0`` as made before (a restore): its context
+        pass rewrites every cache the block wrote, its decode advances the VAE's state. Returns its video."""
+        return self._commit(x0.to(self.dit.patch_embedding.weight.device, self.pipeline.timesteps.dtype))[1]
+
+    def _commit(self, x0: Tensor) -> tuple[Tensor, Tensor]:
+        """The end of the next block, from its clean latents: the context pass at t = context_noise
+        (its flow) and the decode of the fp16-rounded latents (its video); the session moves on."""
+        nf, start = self.frames_per_block, self.next_block * self.frames_per_block
+        cond = self.conditioning.cond_concat[:, start : start + nf].to(x0.device)
+        t = torch.full((1, nf), self.pipeline.config.sampling.context_noise, device=x0.device)
+        context_flow = self._call(x0, cond, t.to(self.pipeline.timesteps.dtype), start)
+        video = self.pipeline.vae.decode_block(x0.half().to(x0.dtype), self.decode_state)
+        self.next_block += 1
+        return context_flow, video
 
     def _call(self, x: Tensor, cond: Tensor, t: Tensor, start: int) -> Tensor:
         action = ActionStep(self.actions, self.action_caches)
