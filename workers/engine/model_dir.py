@@ -251,16 +251,14 @@ def _load_random(
         raise UserError(f"preset {preset.name!r} reads its weights from a model folder; pass its path")
     source = f"built-in random weights of preset {preset.name!r} (seed {seed})"
 
-    def build(factory: Callable[[], ModuleT]) -> ModuleT:
-        return load_into(factory, seeded_state_dict(factory, seed), source, dtype=dtype, device=device)
+    def build(factory: Callable[[], ModuleT], as_dtype: torch.dtype | None = dtype) -> ModuleT:
+        return load_into(factory, seeded_state_dict(factory, seed), source, dtype=as_dtype, device=device)
 
-    if quant.enabled:  # quantized from the fp32 values, as a checkpoint of them would be
+    # A quantized DiT is quantized from the fp32 values, as a checkpoint of them would be.
+    dit = build(lambda: CausalWanDiT(preset.dit, attention_backend=backend), None if quant.enabled else dtype)
+    if quant.enabled:
         check_quant_device(quant.is_fp8, device)
-        state = seeded_state_dict(lambda: CausalWanDiT(preset.dit), seed)
-        full = load_into(lambda: CausalWanDiT(preset.dit, attention_backend=backend), state, source, device=device)
-        dit = quantize_linears(full, quant).to(dtype)
-    else:
-        dit = build(lambda: CausalWanDiT(preset.dit, attention_backend=backend))
+        dit = quantize_linears(dit, quant).to(dtype)
     vae_config = preset.vae
     vae: WanVAE | PatchVAE = (
         build(lambda: PatchVAE(vae_config))

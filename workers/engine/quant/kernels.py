@@ -2,7 +2,7 @@
 
 int8 (W8A8): y = (x_q @ w_q^T) * w_scale * x_scale + bias, with the products summed in int32 (exact).
 - On x86 CPUs oneDNN's int8 GEMM runs it (``torch.ops.onednn.qlinear_pointwise``, the kernel of
-  PyTorch's x86 quantization), about 1.5-2x faster than the fp32 GEMM. Without VNNI (AVX2 only) it
+  PyTorch's x86 quantization), faster than the fp32 GEMM on large enough matrices. Without VNNI (AVX2 only) it
   multiplies u8 x s8 pairs with ``vpmaddubsw``, whose int16 pair sums saturate beyond 32767, so
   activations use 7 bits there (±63: 2·127·127 < 32768); with VNNI / AMX, or on CUDA, they use 8.
 - On CUDA, ``torch._int_mm``. Elsewhere ``torch._int_mm``'s reference kernel (exact, slow).
@@ -128,6 +128,12 @@ def quantize_tokens(x: Tensor, levels: int, zero_point: int = 0) -> tuple[Tensor
     return shifted.round_(), scale
 
 
+@functools.cache
+def _zero_points(rows: int) -> Tensor:
+    """oneDNN's weight zero points of a symmetric int8 weight (all 0), made once per row count."""
+    return torch.zeros(rows, dtype=torch.long)
+
+
 def pack_int8_weight(weight: Tensor) -> Tensor | None:
     """oneDNN's packed form of an int8 weight [out, in] on the CPU (None where another kernel runs)."""
     if int8_path(weight.device.type) != "onednn":
@@ -143,7 +149,7 @@ def int8_matmul(x: Tensor, weight: Tensor, scale: Tensor, packed: Tensor | None,
         assert packed is not None, "an int8 linear on the CPU needs its packed weight (QuantLinear packs it)"
         zero_point = levels + 1  # u8 = q + zp in [1, 2*levels + 1]
         u8, x_scale = quantize_tokens(x, levels, zero_point)
-        zeros = torch.zeros(scale.shape, dtype=torch.long)
+        zeros = _zero_points(scale.numel())
         acc = torch.ops.onednn.qlinear_pointwise(
             u8.to(torch.uint8), 1.0, zero_point, packed, scale, zeros, None, 1.0, 0, torch.float32, "none", [], ""
         )  # the exact integer sums times the weight scales, in fp32
