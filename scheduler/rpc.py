@@ -26,7 +26,7 @@ from scheduler.config import Presets, SchedulerConfig
 from scheduler.dispatch import Dispatcher
 from scheduler.grpc_clients import GrpcKVCache, GrpcWorkers
 from scheduler.placement import CallFailed, Placement, PlacementUnavailable
-from scheduler.sessions import STATE_NAMES, PendingAction, PendingPrompt, SessionRecord
+from scheduler.sessions import ACTION_BURST, ACTION_RATE_PER_S, STATE_NAMES, PendingAction, PendingPrompt, SessionRecord
 from scheduler.table import SessionTable
 from scheduler.validation import InvalidRequest, check_prompt_text, validate_action, validate_spec
 
@@ -229,10 +229,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             record.pending_prompt = PendingPrompt(text, request.set_prompt.recache)
         elif kind == "action":
             try:
-                # Several actions before one boundary: the latest wins (an action holds for whole blocks).
-                record.pending_action = PendingAction(record.boundary, validate_action(record.valid, request.action))
+                held = validate_action(record.valid, request.action)
             except InvalidRequest as exc:
                 return error(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            if not record.action_bucket.take():
+                return error(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"action: too many actions (limit {ACTION_RATE_PER_S:g} per second, bursts of {ACTION_BURST}); "
+                    "send on key changes and sample the mouse",
+                )
+            # Several actions before one boundary: the latest wins (an action holds for whole blocks).
+            record.pending_action = PendingAction(record.boundary, held)
         elif kind == "pause":
             if record.paused_since is None:
                 record.paused_since = time.monotonic()

@@ -56,6 +56,11 @@ class TokenBucket:
         return False
 
 
+# Actions a session accepts: at most this many per second on average, this many at once.
+ACTION_RATE_PER_S = 30.0
+ACTION_BURST = 60
+
+
 @dataclass
 class PendingPrompt:
     text: str
@@ -102,6 +107,8 @@ class SessionRecord:
     paused_since: float | None = None
     paused_total_s: float = 0.0
     prompt_bucket: TokenBucket = field(default_factory=lambda: TokenBucket(rate=4.0, burst=8))
+    # A player's page sends on every key change and a sampled mouse: far more than any boundary uses.
+    action_bucket: TokenBucket = field(default_factory=lambda: TokenBucket(rate=ACTION_RATE_PER_S, burst=ACTION_BURST))
     _subscribers: list[asyncio.Queue[scheduler_pb2.InteractResponse | None]] = field(default_factory=list)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 

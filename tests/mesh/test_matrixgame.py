@@ -20,11 +20,13 @@ from PIL import Image
 
 from inferix.client import AsyncClient, BlockDone, Client, CommandAccepted, SessionError, StateChanged
 from inferix.mesh import Mesh, start_mesh
+from scheduler.sessions import ACTION_BURST
 from tests.mesh.conftest import KEY_A, mesh_config, stream_info
 
 MODEL = "matrixgame2-tiny"
 BLOCKS = 6
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 # (after block, keys, mouse): sent when that block is announced; two at once flood one boundary.
 PLAN = [
     (0, ["W"], [0.0, 0.05]),
@@ -208,3 +210,26 @@ def test_async_client_act(world_mesh: Mesh, start_image: Path) -> None:
     assert isinstance(accepted, CommandAccepted) and accepted.command == "action"
     assert isinstance(refused, SessionError) and refused.code == INVALID_ARGUMENT
     assert "action: mouse yaw: 0.11 is outside [-0.1, 0.1]" in refused.message
+
+
+def test_an_action_flood_is_refused_and_the_session_goes_on(world_mesh: Mesh, start_image: Path) -> None:
+    flood = ACTION_BURST + 40  # sent at once: the burst is accepted, the rest refused
+    with Client(world_mesh.address, api_key=KEY_A, timeout=120) as client:
+        info = client.create_session(model=MODEL, image=start_image, num_blocks=3, seed=2)
+        answers: list[CommandAccepted | SessionError] = []
+        states = []
+        with client.interact(info.session_id) as session:
+            for i in range(flood):
+                session.act(keys=["W" if i % 2 else "S"])
+            for event in session.events():
+                if isinstance(event, CommandAccepted | SessionError):
+                    answers.append(event)
+                elif isinstance(event, StateChanged):
+                    states.append(event.state)
+        final = client.get_session(info.session_id)
+    assert len(answers) == flood
+    refused = [a for a in answers if isinstance(a, SessionError)]
+    # Refill during the burst may let a few more through; most of the excess is refused.
+    assert 20 <= len(refused) <= 40, len(refused)
+    assert all(r.code == RESOURCE_EXHAUSTED and "action: too many actions" in r.message for r in refused)
+    assert states[-1] == "completed" and final.blocks_done == 3
