@@ -18,7 +18,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
-from scheduler.validation import ValidSpec, schema_proto
+from scheduler.validation import ValidSpec, schema_proto, validate_action
 
 RECORD_VERSION = 2
 
@@ -116,7 +116,7 @@ class SessionRecord:
         prompts = self.valid.spec.prompts
         self.current_prompt = prompts[0].text if prompts else ""
         if self.valid.actions is not None:
-            self.current_action = common_pb2.HeldAction()  # neutral: no key, a still mouse
+            self.current_action = validate_action(self.valid, scheduler_pb2.Action())  # neutral: no key, still mouse
 
     @property
     def spec(self) -> common_pb2.SessionSpec:

@@ -231,14 +231,19 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             blocks=[e for e in session.events if e.block_index >= announced_blocks],
         )
 
-    def _block_event(self, index: int, first_frame: int, frames: int, prompt: str) -> common_pb2.BlockEvent:
-        return common_pb2.BlockEvent(
+    def _block_event(
+        self, index: int, first_frame: int, frames: int, prompt: str, action: common_pb2.HeldAction | None
+    ) -> common_pb2.BlockEvent:
+        event = common_pb2.BlockEvent(
             block_index=index,
             first_frame=first_frame,
             num_frames=frames,
             prompt=prompt,
             worker_id=self.config.worker_id,
         )
+        if action is not None:
+            event.action.CopyFrom(action)
+        return event
 
     async def _restore(self, video: AnyVideo, session_id: str) -> list[common_pb2.BlockEvent]:
         """Continue `video` from the session's committed blocks; the events of the blocks restored.
@@ -248,11 +253,13 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         events: list[common_pb2.BlockEvent] = []
         began = time.perf_counter()
         first_frame = 0
+        world = isinstance(video, MatrixGameSession)
         async for chunk in self._committed_chunks(session_id):
             async with self.engine_lock:
                 frames = await asyncio.to_thread(video.restore, chunk, from_start=not events)
             for block, count in zip(chunk, frames, strict=True):
-                events.append(self._block_event(block.block_index, first_frame, count, block.prompt))
+                held = common_pb2.HeldAction(keys=block.action_keys, mouse=block.action_mouse) if world else None
+                events.append(self._block_event(block.block_index, first_frame, count, block.prompt, held))
                 first_frame += count
         if events:
             log.info("session %s restored from %d committed blocks in %.2fs", session_id, len(events),
@@ -325,7 +332,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 await self._publish(session, request.session_id, block)
                 await self._commit(request.session_id, block, request.held_action)
             session.last_block_unix = time.time()
-            event = self._block_event(block.index, block.first_frame, block.frames.shape[0], block.prompt)
+            held = request.held_action if request.HasField("held_action") else None
+            event = self._block_event(block.index, block.first_frame, block.frames.shape[0], block.prompt, held)
             event.timings.CopyFrom(
                 common_pb2.BlockTimings(
                     denoise_ms=block.denoise_s * 1e3,

@@ -116,6 +116,9 @@ class BlockDone:
     worker_id: str
     engine_ms: float
     dispatch_to_done_ms: float
+    # The action the block was made under (action-conditioned models; empty for text models).
+    keys: tuple[str, ...] = ()
+    mouse: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,8 @@ def event_from_proto(r: scheduler_pb2.InteractResponse) -> Event:
             b.worker_id,
             b.timings.total_ms,
             b.timings.dispatch_to_done_ms,
+            tuple(b.action.keys),
+            tuple(b.action.mouse),
         )
     if kind == "state":
         return StateChanged(r.session_id, state_name(r.state.state), r.state.reason)

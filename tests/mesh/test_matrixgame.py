@@ -25,6 +25,7 @@ from tests.mesh.conftest import KEY_A, mesh_config, stream_info
 
 MODEL = "matrixgame2-tiny"
 BLOCKS = 6
+CANONICAL = {"forward": "W", "a": "A", "d": "D", "s": "S", "w": "W"}  # PLAN's key names as the events give them
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 RESOURCE_EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
 # (after block, keys, mouse): sent when that block is announced; two at once flood one boundary.
@@ -75,6 +76,7 @@ def drive(mesh: Mesh, image: Path, seed: int, kill_after: int | None = None) -> 
     block `kill_after` is announced. Returns its id and the equivalent action track."""
     answers: list[CommandAccepted | SessionError] = []
     sent: list[tuple[list[str], list[float]]] = []
+    made_under: dict[int, tuple[list[str], list[float]]] = {}
     killed = ""
     with Client(mesh.address, api_key=KEY_A, timeout=120) as client:
         info = client.create_session(model=MODEL, image=image, num_blocks=BLOCKS, seed=seed)
@@ -90,6 +92,7 @@ def drive(mesh: Mesh, image: Path, seed: int, kill_after: int | None = None) -> 
                 elif isinstance(event, StateChanged):
                     states.append(event.state)
                 elif isinstance(event, BlockDone):
+                    made_under[event.block_index] = (list(event.keys), list(event.mouse))
                     for after, keys, mouse in PLAN:
                         if after == event.block_index:
                             session.act(keys=keys, mouse=mouse)
@@ -117,6 +120,13 @@ def drive(mesh: Mesh, image: Path, seed: int, kill_after: int | None = None) -> 
         mesh.workers.remove(next(w for w in mesh.workers if w.name == killed))
         mesh.add_worker(f"{killed}-replacement")
     track = [{"block": b, "keys": k, "mouse": m or [0.0, 0.0]} for b, (k, m) in sorted(held.items()) if b < BLOCKS]
+    # Each block's event names the action it was made under: the latest applied at or before it.
+    expected, now = {}, ([], [0.0, 0.0])
+    for block in range(BLOCKS):
+        keys, mouse = held.get(block, now)
+        now = (sorted(CANONICAL.get(k.lower(), k) for k in keys), mouse or [0.0, 0.0])
+        expected[block] = now
+    assert {b: (sorted(k), m) for b, (k, m) in made_under.items()} == expected
     assert len(track) >= 2, held  # the session was steered while it ran
     return info.session_id, track
 

@@ -161,20 +161,22 @@ class BlockTimings(_message.Message):
     def __init__(self, denoise_ms: _Optional[float] = ..., context_ms: _Optional[float] = ..., decode_ms: _Optional[float] = ..., total_ms: _Optional[float] = ..., dispatch_to_done_ms: _Optional[float] = ...) -> None: ...
 
 class BlockEvent(_message.Message):
-    __slots__ = ("block_index", "first_frame", "num_frames", "prompt", "timings", "worker_id")
+    __slots__ = ("block_index", "first_frame", "num_frames", "prompt", "timings", "worker_id", "action")
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
     NUM_FRAMES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
     block_index: int
     first_frame: int
     num_frames: int
     prompt: str
     timings: BlockTimings
     worker_id: str
-    def __init__(self, block_index: _Optional[int] = ..., first_frame: _Optional[int] = ..., num_frames: _Optional[int] = ..., prompt: _Optional[str] = ..., timings: _Optional[_Union[BlockTimings, _Mapping]] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    action: HeldAction
+    def __init__(self, block_index: _Optional[int] = ..., first_frame: _Optional[int] = ..., num_frames: _Optional[int] = ..., prompt: _Optional[str] = ..., timings: _Optional[_Union[BlockTimings, _Mapping]] = ..., worker_id: _Optional[str] = ..., action: _Optional[_Union[HeldAction, _Mapping]] = ...) -> None: ...
 
 class KVUsage(_message.Message):
     __slots__ = ("total_pages", "used_pages", "page_bytes", "host_pages_used", "sessions")
