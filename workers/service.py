@@ -332,8 +332,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 await self._publish(session, request.session_id, block)
                 await self._commit(request.session_id, block, request.held_action)
             session.last_block_unix = time.time()
-            held = request.held_action if request.HasField("held_action") else None
-            event = self._block_event(block.index, block.first_frame, block.frames.shape[0], block.prompt, held)
+            made_under = request.held_action if request.HasField("held_action") else None
+            event = self._block_event(block.index, block.first_frame, block.frames.shape[0], block.prompt, made_under)
             event.timings.CopyFrom(
                 common_pb2.BlockTimings(
                     denoise_ms=block.denoise_s * 1e3,
