@@ -13,6 +13,7 @@ from inferix.spec import schedule
 from inferix.spec.actions import parse_held_action
 from inferix.spec.magi import ServedPreset, any_session_shape
 from inferix.spec.matrixgame import ActionSchema, MatrixGamePreset
+from inferix.spec.presets import ModelPreset
 from inferix.spec.sizing import SessionShape
 
 MAX_BLOCKS = 100_000
@@ -134,5 +135,5 @@ def validate_spec(
             raise InvalidRequest(
                 f"spec.outputs.{name}: not enabled on this server (enabled: {', '.join(sorted(outputs))}); {hint}"
             )
-    actions = preset.actions if isinstance(preset, MatrixGamePreset) else None
+    actions = preset.actions if isinstance(preset, MatrixGamePreset | ModelPreset) else None
     return ValidSpec(filled, shape, num_blocks, spec.lookahead or default_lookahead, actions)

@@ -34,6 +34,7 @@ def register(subparsers: Any) -> None:
             "world of coloured balls and squares (64x64, 16 fps), faster than real time on one CPU core. "
             "Its prompts read like 'a red ball bouncing to the right' or 'two blue squares falling'; "
             "change colour mid-video with 'the ball turns green'. --model tiny runs random weights (a smoke test). "
+            "--model toyworld-play adds a player object that --actions (arrow keys up, down, left, right) steer. "
             "Matrix-Game 2.0 models (a model folder, or matrixgame2-tiny: random weights) start from --image and "
             "are steered by --actions instead of a prompt."
         ),
@@ -46,7 +47,7 @@ def register(subparsers: Any) -> None:
         "--model",
         type=Path,
         default=None,
-        help=f"model folder, or built-in: toyworld (default), tiny, {TINY_MODEL}",
+        help=f"model folder, or built-in: toyworld (default), toyworld-play, tiny, {TINY_MODEL}",
     )
     parser.add_argument("--prompt", default=None, help="the prompt from block 0 (required, except for Matrix-Game)")
     parser.add_argument(
@@ -61,7 +62,8 @@ def register(subparsers: Any) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="Matrix-Game: an action track, .json or .csv (see the README); default: no key held, mouse still",
+        help="action-conditioned models (Matrix-Game, toyworld-play): an action track, .json or .csv (see the "
+        "README); default: no key held, mouse still",
     )
     parser.add_argument(
         "--prompt-at",
@@ -122,9 +124,8 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"--{flag.replace('_', '-')}: {why}")
         schedule = []
     else:
-        for flag in ("image", "actions"):
-            if getattr(args, flag) is not None:
-                raise UserError(f"--{flag}: model {args.model or DEFAULT_MODEL} takes no {flag} (Matrix-Game does)")
+        if args.image is not None:
+            raise UserError(f"--image: model {args.model or DEFAULT_MODEL} takes no start image (Matrix-Game does)")
         if args.prompt is None:
             raise UserError("the following arguments are required: --prompt")
         schedule = parse_prompt_schedule(args.prompt, args.prompt_at, args.recache, num_blocks=args.blocks)
@@ -181,7 +182,20 @@ def run(args: argparse.Namespace) -> int:
             args.image, actions=track, width=width, height=height, seed=args.seed, num_blocks=args.blocks
         )
     else:
-        opened = engine.open(schedule[0].text, width=width, height=height, seed=args.seed, num_blocks=args.blocks)
+        track = None
+        if args.actions is not None:
+            schema = engine.action_schema if isinstance(engine, Engine) else None
+            if schema is None:
+                raise UserError(
+                    f"--actions: model {model.name} takes no actions (toyworld-play and Matrix-Game do); steer it "
+                    "with --prompt-at"
+                )
+            track = parse_action_track(args.actions, schema, f"--actions {args.actions}")
+        size = {"width": width, "height": height, "seed": args.seed, "num_blocks": args.blocks}
+        if isinstance(engine, Engine):
+            opened = engine.open(schedule[0].text, actions=track, **size)
+        else:
+            opened = engine.open(schedule[0].text, **size)
     with (
         opened as video,
         Mp4Writer(args.out, width, height, model.fps) as writer,

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from inferix.errors import UserError
-from inferix.spec.matrixgame import ActionSchema
+from inferix.spec.action_schema import ActionSchema
 
 __all__ = [
     "ActionEntry",

@@ -24,6 +24,39 @@ def _known_fields(cls: type, data: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class KeyboardActionConfig:
+    """The keyboard branch of an action-conditioned Wan DiT (Matrix-Game 2.0's, at any scale).
+
+    Every latent frame gets one keyboard token: the key rows of its last `window` frames, each
+    embedded to `embed_dim`, concatenated and projected to K/V of width `attn_dim`. The video
+    tokens of a frame attend, in `heads` heads with RoPE over frames, to the keyboard tokens of
+    their own frame and the `window - 1` before it. It runs between cross-attention and the FFN of
+    the blocks listed in `layers`, its output projection added to the stream.
+    """
+
+    keys: int
+    window: int = 6
+    embed_dim: int = 16
+    attn_dim: int = 64
+    heads: int = 4
+    layers: tuple[int, ...] = (0, 1)
+    rope_theta: float = 256.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        if self.keys < 1 or self.window < 1:
+            raise ValueError(f"action: keys ({self.keys}) and window ({self.window}) must be at least 1")
+        if self.attn_dim % self.heads or (self.attn_dim // self.heads) % 2:
+            raise ValueError(f"action: attn_dim={self.attn_dim} must split into {self.heads} heads of an even width")
+
+    @property
+    def rows_before(self) -> int:
+        """Key rows a block needs before its first frame: the windows of the keyboard tokens its
+        first frame attends to reach back 2 (window - 1) frames."""
+        return 2 * (self.window - 1)
+
+
+@dataclass(frozen=True)
 class WanDiTConfig:
     """Causal Wan DiT hyper-parameters (names follow the Wan2.1 `config.json`)."""
 
@@ -44,9 +77,15 @@ class WanDiTConfig:
     # Length of the RoPE table in latent frames. Windowed sessions re-base their positions when they
     # reach its end (rope.RopeRebase); it bounds only global-attention sessions.
     rope_max_positions: int = 1024
+    # Action-conditioned models (toyworld-play): the keyboard branch; None for text-only models.
+    action: KeyboardActionConfig | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "patch_size", tuple(self.patch_size))
+        if isinstance(self.action, Mapping):
+            object.__setattr__(self, "action", KeyboardActionConfig(**self.action))
+        if self.action is not None and any(not 0 <= i < self.num_layers for i in self.action.layers):
+            raise ValueError(f"action.layers {list(self.action.layers)} must be blocks below {self.num_layers}")
         if self.dim % self.num_heads != 0:
             raise ValueError(f"dim={self.dim} must be divisible by num_heads={self.num_heads}")
         if self.head_dim % 2 != 0:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from inferix.errors import UserError
+from inferix.spec.action_schema import ActionKey, ActionSchema, MouseAxis
 from inferix.spec.presets import VideoDefaults, read_yaml
 from inferix.spec.sizing import VAE_SPATIAL_FACTOR, VAE_TEMPORAL_FACTOR, SessionShape
 
@@ -50,58 +51,6 @@ FPS = 16
 MAX_LATENT_FRAMES = 1024
 # Spatial patch of every released variant's DiT ([1, 2, 2]).
 PATCH = 2
-
-
-@dataclass(frozen=True)
-class ActionKey:
-    """One keyboard column: what it does and the key that drives it in the reference demo (None: no key)."""
-
-    name: str
-    key: str | None
-
-
-@dataclass(frozen=True)
-class MouseAxis:
-    """One mouse column and the range of its per-frame value (camera rotation step)."""
-
-    name: str
-    column: int
-    minimum: float
-    maximum: float
-
-    def __post_init__(self) -> None:
-        if self.minimum > self.maximum:
-            raise ValueError(f"mouse axis {self.name!r}: minimum {self.minimum} > maximum {self.maximum}")
-
-
-@dataclass(frozen=True)
-class ActionSchema:
-    """The actions of one variant. `one_hot`: exactly one key per frame (templerun's first key is
-    the no-op); else any subset. `mouse_columns` is the width of `mouse_cond` (0: no mouse input)."""
-
-    keys: tuple[ActionKey, ...]
-    mouse: tuple[MouseAxis, ...] = ()
-    mouse_columns: int = 0
-    one_hot: bool = False
-
-    def __post_init__(self) -> None:
-        if not self.keys:
-            raise ValueError("an action schema needs at least one key")
-        if any(not 0 <= axis.column < self.mouse_columns for axis in self.mouse):
-            raise ValueError(f"mouse axes must use columns below mouse_columns={self.mouse_columns}")
-
-    @property
-    def keyboard_dim(self) -> int:
-        return len(self.keys)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ActionSchema:
-        return cls(
-            keys=tuple(ActionKey(**k) for k in data["keys"]),
-            mouse=tuple(MouseAxis(**m) for m in data.get("mouse", ())),
-            mouse_columns=int(data.get("mouse_columns", 0)),
-            one_hot=bool(data.get("one_hot", False)),
-        )
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar, get_args
 import yaml
 
 from inferix.errors import UserError
+from inferix.spec.action_schema import ActionSchema
 from inferix.spec.architectures import DiTWeights, PatchVAEConfig, UMT5Config, WanDiTConfig, WanVAEConfig
 from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
 
@@ -37,8 +38,9 @@ __all__ = [
 
 _PRESET_DIR = "presets"
 # The models built into the package, by name: toyworld (trained weights shipped with the engine, what
-# runs without --model) and tiny (deterministic random weights, for smoke tests).
-BUILTIN_MODELS = ("toyworld", "tiny")
+# runs without --model), toyworld-play (toyworld with a player the arrow keys steer; also trained
+# and shipped) and tiny (deterministic random weights, for smoke tests).
+BUILTIN_MODELS = ("toyworld", "toyworld-play", "tiny")
 DEFAULT_MODEL = "toyworld"
 T = TypeVar("T")
 _SECTIONS = (
@@ -52,6 +54,7 @@ _SECTIONS = (
     "files",
     "random_weights",
     "quant",
+    "actions",
 )
 
 
@@ -114,6 +117,8 @@ class ModelPreset:
     random_weights_seed: int | None = None
     # The DiT's default quantization (`--quant`); a quantized checkpoint's model.yaml names its own.
     quant: str = "none"
+    # What a player sends an action-conditioned model (its DiT has `action`); None: a text model.
+    actions: ActionSchema | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.quant, str) or not self.quant:
@@ -121,6 +126,14 @@ class ModelPreset:
         if (self.files is None) == (self.random_weights_seed is None):
             raise ValueError("a preset needs exactly one of 'files' and 'random_weights'")
         dit, vae, text = self.dit, self.vae, self.text_encoder
+        if (dit.action is None) != (self.actions is None):
+            raise ValueError("'actions' (the schema) and dit.action (the keyboard branch) come together")
+        branch, schema = dit.action, self.actions
+        if branch is not None and schema is not None and (schema.mouse or schema.keyboard_dim != branch.keys):
+            raise ValueError(
+                f"actions: the DiT's keyboard branch takes {branch.keys} keys and no mouse; the schema "
+                f"has {schema.keyboard_dim} keys and {len(schema.mouse)} mouse axes"
+            )
         if dit.text_dim != text.dim:
             raise ValueError(f"dit.text_dim ({dit.text_dim}) must equal text_encoder.dim ({text.dim})")
         if text.text_len > dit.text_len:
@@ -177,6 +190,9 @@ class ModelPreset:
                 files=None if files is None else _build(ModelFiles, files, f"{where}: files"),
                 random_weights_seed=None if random is None else _random_seed(random, where),
                 quant=data.get("quant", "none"),
+                actions=None
+                if "actions" not in data
+                else _call(ActionSchema.from_dict, data["actions"], f"{where}: actions"),
             )
         except ValueError as exc:
             if isinstance(exc, UserError):

@@ -143,7 +143,7 @@ def test_generate_a_matrixgame_world_from_an_image_and_a_track(
         (["--model", "matrixgame2-tiny", "--quant", "int8"], "--quant int8: Matrix-Game 2.0 runs unquantized"),
         (["--model", "matrixgame2-tiny", "--kv-dtype", "fp8"], "--kv-dtype is not supported for Matrix-Game 2.0"),
         (["--prompt", "a ball", "--actions", "{track}"], "--actions: model toyworld takes no actions"),
-        (["--model", "tiny", "--prompt", "a ball", "--image", "{image}"], "--image: model tiny takes no image"),
+        (["--model", "tiny", "--prompt", "a ball", "--image", "{image}"], "--image: model tiny takes no start image"),
         ([], "the following arguments are required: --prompt"),
     ],
 )

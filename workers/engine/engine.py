@@ -43,6 +43,8 @@ from torch import Tensor
 
 from inferix.errors import UserError
 from inferix.profiling import profile
+from inferix.spec.action_schema import ActionSchema
+from inferix.spec.actions import ActionTrack, HeldAction, parse_held_action
 from inferix.spec.blocks import CommittedBlock
 from inferix.spec.sizing import native_latent_size
 from workers.engine.batching import BlockBatcher, ForwardStats
@@ -51,7 +53,14 @@ from workers.engine.cuda_graphs import use_cuda_graphs
 from workers.engine.kv.pool import KVPool, SessionUsage
 from workers.engine.model_dir import LoadedModel, load_model
 from workers.engine.parallel.pod_driver import PodDriver, PodSession
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, DiTJob, ReplayBlock, run_solo
+from workers.engine.pipeline import (
+    BlockDiffusionPipeline,
+    BlockOutput,
+    DiTJob,
+    GenerationSession,
+    ReplayBlock,
+    run_solo,
+)
 
 
 class SessionCache(Protocol):
@@ -173,11 +182,20 @@ class EngineSession:
         num_blocks: int | None,
         session_id: str,
         driver: PodDriver | None = None,
+        actions: ActionTrack | None = None,
     ) -> None:
         size = latent_size(model, width, height)
         self.model = model
         self.width, self.height = width, height
         self.prompt_text = prompt
+        # An action-conditioned model (toyworld-play): what its player may send, the track of an
+        # offline run, and the action a live player holds (it overrides the track from its block on).
+        self.schema: ActionSchema | None = model.preset.actions
+        if actions is not None and self.schema is None:
+            raise UserError(f"{actions.origin}: model {model.name} takes no actions")
+        self._track = actions
+        self._track_rows: list[list[float]] = []
+        self._held: HeldAction | None = None
         embeds = self._encode(prompt)
         # The block loop: in this process, or (rank 0 of a worker pod) on every rank of the pod.
         self.session: BlockSession
@@ -218,8 +236,34 @@ class EngineSession:
 
     def block_job(self) -> DiTJob[VideoBlock]:
         """`next_block` as a job: run alone, or batched with other sessions by a `BlockBatcher`."""
+        if self.schema is not None:
+            self._loop().set_key_rows(self._block_key_rows(self.session.next_block))
         block = yield from self.session.block_job()
         return self._decoded(block)
+
+    def hold(self, action: HeldAction) -> None:
+        """Hold a parsed action (`parse_held_action`) from the next block on, until the next `hold`."""
+        if self.schema is None:
+            raise UserError(f"model {self.model.name} takes no actions")
+        self._held = action
+
+    def _loop(self) -> GenerationSession:
+        assert isinstance(self.session, GenerationSession), "action models run in one process (no pods)"
+        return self.session
+
+    def _block_key_rows(self, block: int) -> Tensor:
+        """The keys held in each latent frame of `block` [nf, keys]: the held action, else the track's."""
+        assert self.schema is not None
+        nf = self.model.pipeline_config.block.num_frame_per_block
+        if self._held is not None:
+            return torch.tensor([self._held.keyboard_row(self.schema)] * nf)
+        end = (block + 1) * nf
+        if self._track is not None and len(self._track_rows) < end:
+            # Latent frames are pixel frames here (a VAE that compresses space only).
+            self._track_rows = self._track.rows(self.schema, max(end, 2 * len(self._track_rows)), nf, 1).keyboard
+        if self._track is None:
+            return torch.zeros(nf, self.schema.keyboard_dim)
+        return torch.tensor(self._track_rows[block * nf : end])
 
     def _decoded(self, block: BlockOutput) -> VideoBlock:
         began = time.perf_counter()
@@ -259,7 +303,13 @@ class EngineSession:
         for block in committed:
             if block.prompt not in embeds:
                 embeds[block.prompt] = self._encode(block.prompt)
-            blocks.append(ReplayBlock(block.start_frame, committed_latents(block), embeds[block.prompt]))
+            latents = committed_latents(block)
+            keys = None
+            if self.schema is not None:  # replayed under the action it was made with
+                held = parse_held_action(self.schema, list(block.action_keys), [], "committed block action")
+                keys = torch.tensor([held.keyboard_row(self.schema)] * latents.shape[1])
+                self._held = held
+            blocks.append(ReplayBlock(block.start_frame, latents, embeds[block.prompt], keys))
         if from_start:
             self.decode_state = self.decoder.new_decode_state()
             self.next_frame = 0
@@ -338,6 +388,8 @@ class Engine:
             raise ValueError("a pod's KV pool is its driver's pipeline's: pass pool or driver, not both")
         self.model = model
         self.driver = driver
+        if driver is not None and model.preset.actions is not None:
+            raise UserError(f"{model.name} takes actions: it runs in one process (start its worker without a pod)")
         if driver is None:
             self.pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config, pool, kv_dtype)
         else:
@@ -393,6 +445,8 @@ class Engine:
         """
         if self.driver is not None:
             raise UserError("--compile: a sequence-parallel pod runs its DiT eagerly; start it without --compile")
+        if self.model.preset.actions is not None:
+            raise UserError(f"--compile: {self.model.name} (a DiT with a keyboard branch) runs eagerly")
         size = latent_size(self.model, width or self.model.width, height or self.model.height)
         compile_dit(self.model.dit, options or CompileOptions())
         return warm_up(self.pipeline, *size, num_blocks=num_blocks)
@@ -406,6 +460,8 @@ class Engine:
         one sized for a session of `num_blocks` (a global-attention session needs it)."""
         if self.driver is not None:
             raise UserError("--cuda-graphs: a sequence-parallel pod runs its DiT eagerly; start it without it")
+        if self.model.preset.actions is not None:
+            raise UserError(f"--cuda-graphs: {self.model.name} (a DiT with a keyboard branch) runs eagerly")
         if self.model.dit.patch_embedding.weight.device.type != "cuda":
             raise UserError("--cuda-graphs needs the model on a CUDA device (--device cuda)")
         size = latent_size(self.model, width or self.model.width, height or self.model.height)
@@ -436,7 +492,10 @@ class Engine:
         seed: int = 0,
         num_blocks: int | None = None,
         session_id: str | None = None,
+        actions: ActionTrack | None = None,
     ) -> EngineSession:
+        """A session of `prompt`; an action-conditioned model is steered by `actions` (an offline
+        track) or live by `EngineSession.hold` (neither: no key held)."""
         return EngineSession(
             self.model,
             self.pipeline,
@@ -447,4 +506,10 @@ class Engine:
             num_blocks,
             session_id or uuid.uuid4().hex,
             self.driver,
+            actions,
         )
+
+    @property
+    def action_schema(self) -> ActionSchema | None:
+        """What the model's player sends (None: a text model)."""
+        return self.model.preset.actions

@@ -72,6 +72,12 @@ ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 MODEL_YAML = "model.yaml"
 TOYWORLD_WEIGHTS = Path(__file__).resolve().parent / "models" / "toyworld" / "weights"
+TOYWORLD_PLAY_WEIGHTS = Path(__file__).resolve().parent / "models" / "toyworld_play" / "weights"
+# Built-in trained models: their weights folder and the command that writes it.
+TRAINED_BUILTINS = {
+    "toyworld": (TOYWORLD_WEIGHTS, "make train-toyworld"),
+    "toyworld-play": (TOYWORLD_PLAY_WEIGHTS, "make train-toyworld-play"),
+}
 UNK_TOKEN = "<unk>"
 # Ids of the byte-level tokenizer: T5's special ids first (pad 0, eos 1, unk 2), then one per byte.
 BYTE_TOKENIZER_SPECIALS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
@@ -271,7 +277,8 @@ def _load_random(
 
 
 def builtin_model_name(path: str | Path) -> str | None:
-    """The built-in model ``path`` names ("toyworld", "tiny"), unless a folder of that name exists."""
+    """The built-in model ``path`` names ("toyworld", "toyworld-play", "tiny"), unless a folder of that
+    name exists."""
     name = str(path)
     return name if name in BUILTIN_MODELS and not Path(name).exists() else None
 
@@ -284,7 +291,8 @@ def load_model(
     quant: str | QuantMode | None = None,
 ) -> LoadedModel:
     """Load the model of a model folder, or a built-in model: ``toyworld`` (the default when ``path``
-    is None; trained weights shipped in the package) or ``tiny`` (random weights, for smoke tests).
+    is None; trained weights shipped in the package), ``toyworld-play`` (toyworld with a player the
+    arrow keys steer; also trained and shipped) or ``tiny`` (random weights, for smoke tests).
 
     All three networks get ``dtype`` (fp32 / bf16 / fp16) and ``device``. ``quant`` (`--quant`;
     None: the preset's / model.yaml's) quantizes the DiT's block linears (`workers.engine.quant`).
@@ -298,13 +306,14 @@ def load_model(
         preset = load_preset("tiny")
         mode = requested or parse_quant(preset.quant)
         return _load_random(preset, weight_dtype, device, attention_backend, mode)
-    if builtin == "toyworld":
-        if not (TOYWORLD_WEIGHTS / MODEL_YAML).is_file():
+    if builtin in TRAINED_BUILTINS:
+        weights, command = TRAINED_BUILTINS[builtin]
+        if not (weights / MODEL_YAML).is_file():
             raise UserError(
-                f"the toyworld weights are missing from {TOYWORLD_WEIGHTS}; "
-                "train them with `make train-toyworld`, or pass --model tiny / a model folder"
+                f"the {builtin} weights are missing from {weights}; "
+                f"train them with `{command}`, or pass --model tiny / a model folder"
             )
-        source = TOYWORLD_WEIGHTS
+        source = weights
     folder = resolve_model_dir(source)
     preset = folder.preset
     dit = load_dit(

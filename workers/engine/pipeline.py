@@ -82,11 +82,13 @@ class BlockOutput:
 
 @dataclass
 class ReplayBlock:
-    """A committed block as the engine replays it: its first latent frame, clean latents, prompt embeddings."""
+    """A committed block as the engine replays it: its first latent frame, clean latents, prompt
+    embeddings, and (a DiT with a keyboard branch) the keys held in each of its frames [F, keys]."""
 
     start_frame: int
     latents: Tensor
     prompt_embeds: Tensor
+    key_rows: Tensor | None = None
 
 
 class BlockDiffusionPipeline:
@@ -224,6 +226,10 @@ class GenerationSession:
         self.prompt: CrossAttentionKV = self.dit.encode_prompt(prompt_embeds)
         self._pending_prompt: tuple[Tensor, bool] | None = None
         self._frame_latents: dict[int, Tensor] = {}  # clean latents of the frames in the cache
+        # A DiT with a keyboard branch: the keys held in each frame ([keys]) that a later call's
+        # windows still read, and those of the next block (`set_key_rows`; None: no key held).
+        self._key_rows: dict[int, Tensor] = {}
+        self._next_key_rows: Tensor | None = None
         self.next_block = 0
         self.next_frame = 0
         self.closed = False
@@ -244,6 +250,17 @@ class GenerationSession:
                 f"prompt_embeds must have shape [1, tokens, text_dim={width}], got {list(prompt_embeds.shape)}"
             )
         self._pending_prompt = (prompt_embeds, recache)
+
+    def set_key_rows(self, rows: Tensor) -> None:
+        """The keys held in each frame of the next block: [num_frame_per_block, keys] of 0/1 (a DiT
+        with a keyboard branch; a block without them holds no key)."""
+        action = self.dit.config.action
+        nf = self.block_config.num_frame_per_block
+        if action is None:
+            raise ValueError("this model takes no actions (its DiT has no keyboard branch)")
+        if tuple(rows.shape) != (nf, action.keys):
+            raise ValueError(f"key rows must have shape [{nf}, {action.keys}], got {list(rows.shape)}")
+        self._next_key_rows = rows.float().cpu()
 
     def __iter__(self) -> Iterator[BlockOutput]:
         while not self.finished:
@@ -270,6 +287,8 @@ class GenerationSession:
         shape = (1, nf, *self.latent_shape)
         device = self.pipeline.device
         block, start = self.next_block, self.next_frame
+        self._hold_keys(start, nf, self._next_key_rows)
+        self._next_key_rows = None
 
         x = self.noise.initial(block, shape).to(device)
         steps = self.pipeline.timesteps
@@ -315,6 +334,7 @@ class GenerationSession:
             self._frame_latents.clear()
         for committed in blocks:
             self._use_prompt(committed.prompt_embeds)
+            self._hold_keys(committed.start_frame, committed.latents.shape[1], committed.key_rows)
             run_solo(self.dit, self._context_pass(committed.latents.to(self.pipeline.device), committed.start_frame))
             self.next_frame = committed.start_frame + committed.latents.shape[1]
         if next_block is not None:
@@ -350,7 +370,29 @@ class GenerationSession:
         """
         offset = 0 if self.rebase_rule is None else self.rebase_rule.offset(start_frame + x.shape[1])
         self.cache.rebase(offset, self.dit.rope.rotate_time)
-        return (yield DiTCall(x, t, self.prompt, self.cache, start_frame, offset, kind))
+        keys = self._call_key_rows(start_frame, x.shape[1])
+        return (yield DiTCall(x, t, self.prompt, self.cache, start_frame, offset, kind, keys))
+
+    def _hold_keys(self, start_frame: int, frames: int, rows: Tensor | None) -> None:
+        """Record the keys held in frames [start_frame, +frames) (None: no key)."""
+        action = self.dit.config.action
+        if action is None:
+            return
+        for i in range(frames):
+            self._key_rows[start_frame + i] = torch.zeros(action.keys) if rows is None else rows[i]
+
+    def _call_key_rows(self, start_frame: int, frames: int) -> Tensor | None:
+        """The key rows a call over frames [start_frame, +frames) reads (zeros before the video)."""
+        action = self.dit.config.action
+        if action is None:
+            return None
+        first = start_frame - action.rows_before
+        none = torch.zeros(action.keys)
+        missing = [f for f in range(max(first, 0), start_frame + frames) if f not in self._key_rows]
+        if missing:  # a frame of the video whose keys were dropped: its windows would read wrong keys
+            raise RuntimeError(f"session {self.session_id}: no key rows for frames {missing}")
+        rows = torch.stack([self._key_rows.get(f, none) for f in range(first, start_frame + frames)])
+        return rows.unsqueeze(0).to(self.pipeline.device)
 
     def _context_pass(self, latents: Tensor, start_frame: int) -> DiTJob[None]:
         yield from self._call(latents, self._context_timesteps(latents.shape[1]), start_frame, "context_pass")
@@ -359,6 +401,11 @@ class GenerationSession:
         cached = set(self.cache.frames)
         for frame in [f for f in self._frame_latents if f not in cached]:
             del self._frame_latents[frame]
+        action = self.dit.config.action
+        if action is not None and cached:  # a recache re-runs the cached frames: keep what they read
+            oldest = min(cached) - action.rows_before
+            for frame in [f for f in self._key_rows if f < oldest]:
+                del self._key_rows[frame]
 
     def _prefill(self, initial_latents: Tensor) -> None:
         """Video continuation: write the given clean latents into the cache, block by block."""
@@ -374,6 +421,7 @@ class GenerationSession:
         with torch.no_grad():
             for start in range(0, frames, nf):
                 chunk = initial_latents[:, start : start + nf].to(self.pipeline.device)
+                self._hold_keys(start, nf, None)  # a continued video's frames: no key held
                 run_solo(self.dit, self._context_pass(chunk, start))
         self.next_frame = frames
 

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from inferix.spec.architectures import WanDiTConfig
 from workers.engine.attention.backends import AttentionBackend, get_backend
 from workers.engine.kv.protocol import PagedAttentionCache, SelfAttentionCache
+from workers.engine.models.wan.keyboard import KeyboardBranch, neutral_rows
 from workers.engine.models.wan.rope import RopeTable, apply_rope
 
 
@@ -48,7 +49,8 @@ class DiTCall:
     """One session's pending DiT forward: latents x [1, F, C, h, w] at per-frame timesteps [1, F].
 
     `start_frame` / `position_offset` are those of `CausalWanDiT.forward`; `kind` names the call
-    for the profiler ("denoise_step" or "context_pass").
+    for the profiler ("denoise_step" or "context_pass"). `key_rows` [1, rows_before + F, keys]:
+    the keys held in and before the call's frames, for a DiT with a keyboard branch (None: none held).
     """
 
     x: Tensor
@@ -58,6 +60,7 @@ class DiTCall:
     start_frame: int = 0
     position_offset: int = 0
     kind: str = "denoise_step"
+    key_rows: Tensor | None = None
 
 
 def _attend_groups(
@@ -242,7 +245,7 @@ class CrossAttention(_Attention):
 
 
 class AttentionBlock(nn.Module):
-    def __init__(self, config: WanDiTConfig) -> None:
+    def __init__(self, config: WanDiTConfig, layer: int = 0) -> None:
         super().__init__()
         dim = config.dim
         self.norm1 = LayerNorm(dim, config.eps, elementwise_affine=False)
@@ -256,6 +259,8 @@ class AttentionBlock(nn.Module):
             nn.Linear(dim, config.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(config.ffn_dim, dim)
         )
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
+        action = config.action
+        self.keyboard = KeyboardBranch(action, dim, config.eps) if action and layer in action.layers else None
 
     def forward(
         self,
@@ -267,6 +272,7 @@ class AttentionBlock(nn.Module):
         rows: list[int],
         cache: SelfAttentionCache | None,
         backend: AttentionBackend,
+        key_rows: list[Tensor] | None = None,
     ) -> Tensor:
         # x: [B, F*S, dim]; e: [B, F, 6, dim] float32 (one modulation per latent frame). In a batched
         # forward the sessions' frames follow each other (same S), so this layout still holds.
@@ -280,6 +286,10 @@ class AttentionBlock(nn.Module):
         y = self.self_attn(h, rotations, layer, cache, backend)
         x = x + (per_frame(y).float() * gate1).flatten(1, 2).type_as(x)
         x = x + self.cross_attn(self.norm3(x), prompts, rows, backend)
+        if self.keyboard is not None and key_rows is not None:  # each call its own keys (rows in order)
+            x = x + torch.cat(
+                [self.keyboard(part, keys) for part, keys in zip(x.split(rows, 1), key_rows, strict=True)], 1
+            )
         h = (per_frame(self.norm2(x)).float() * (1 + scale2) + shift2).flatten(1, 2).type_as(x)
         y = self.ffn(h)
         return x + (per_frame(y).float() * gate2).flatten(1, 2).type_as(x)
@@ -314,7 +324,7 @@ class CausalWanDiT(nn.Module):
         )
         self.time_embedding = nn.Sequential(nn.Linear(config.freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, dim * 6))
-        self.blocks = nn.ModuleList([AttentionBlock(config) for _ in range(config.num_layers)])
+        self.blocks = nn.ModuleList([AttentionBlock(config, i) for i in range(config.num_layers)])
         self.head = Head(config)
         self.rope = RopeTable(config.head_dim, config.rope_max_positions, config.rope_theta)
         self.backend = get_backend(attention_backend)
@@ -367,15 +377,18 @@ class CausalWanDiT(nn.Module):
         cache: SelfAttentionCache | None = None,
         start_frame: int = 0,
         position_offset: int = 0,
+        key_rows: Tensor | None = None,
     ) -> Tensor:
         """Flow prediction for latents x [B, F, C, h, w] with per-frame timesteps [B, F].
 
         `start_frame` is the absolute latent-frame index of x[:, 0] (the cache slots); its RoPE
         time position is `start_frame - position_offset`, the offset of a session that re-based
         its positions past the table's end (`rope.RopeRebase`; its cache's keys are turned to
-        match). Without a cache the block attends only to itself.
+        match). Without a cache the block attends only to itself. `key_rows` [B, rows_before + F,
+        keys]: the keys held, for a DiT with a keyboard branch (see `DiTCall`).
         """
-        return self.forward_batch([DiTCall(x, timesteps, prompt, cache, start_frame, position_offset)])[0]
+        call = DiTCall(x, timesteps, prompt, cache, start_frame, position_offset, key_rows=key_rows)
+        return self.forward_batch([call])[0]
 
     def begin(self, call: DiTCall) -> None:
         """Prepare the call's cache for the frames it writes (`KVCapacityError` when the pool is full)."""
@@ -417,6 +430,7 @@ class CausalWanDiT(nn.Module):
                 for c, grid in zip(calls, grids, strict=True)
             ]
         )
+        key_rows = self._key_rows(calls, grids)
         if len(calls) == 1:
             call = calls[0]
             if self.parallel is not None:
@@ -424,7 +438,8 @@ class CausalWanDiT(nn.Module):
             if call.cache is not None and not begun:
                 call.cache.begin(call.start_frame, grids[0][0])
             step = self.denoise_step if self.compiled_step is None else self.compiled_step
-            return [step(call.x, e0, e_head, rotations, call.prompt.keys, call.prompt.values, call.cache)]
+            args = (call.x, e0, e_head, rotations, call.prompt.keys, call.prompt.values, call.cache)
+            return [step(*args) if key_rows is None else step(*args, key_rows=key_rows[0])]
         if not begun:
             for call in calls:
                 self.begin(call)
@@ -432,8 +447,20 @@ class CausalWanDiT(nn.Module):
         tokens = torch.cat([self._embed_patches(c.x) for c in calls], 1)
         prompts = [list(zip(c.prompt.keys, c.prompt.values, strict=True)) for c in calls]
         cache = PackedSelfAttention([cast(SelfAttentionCache, c.cache) for c in calls], rows)
-        out = self._blocks_and_head(tokens, e0, e_head, rotations, lambda i: [p[i] for p in prompts], rows, cache)
+        out = self._blocks_and_head(
+            tokens, e0, e_head, rotations, lambda i: [p[i] for p in prompts], rows, cache, key_rows
+        )
         return [self._unpatchify(part, grid).float() for part, grid in zip(out.split(rows, 1), grids, strict=True)]
+
+    def _key_rows(self, calls: list[DiTCall], grids: list[tuple[int, int, int]]) -> list[Tensor] | None:
+        """Each call's key rows for a DiT with a keyboard branch (a call without: no key held); else None."""
+        if self.config.action is None:
+            return None
+        weight = self.patch_embedding.weight
+        return [
+            neutral_rows(self.config.action, c.x.shape[0], grid[0], weight) if c.key_rows is None else c.key_rows
+            for c, grid in zip(calls, grids, strict=True)
+        ]
 
     def denoise_step(
         self,
@@ -444,6 +471,7 @@ class CausalWanDiT(nn.Module):
         keys: list[Tensor],
         values: list[Tensor],
         cache: SelfAttentionCache | None,
+        key_rows: Tensor | None = None,
     ) -> Tensor:
         """The tensor code of one call's forward, its cache begun: patch embedding, blocks, head,
         unpatchify. No Python state is read but the cache's write and read ranges, so this compiles
@@ -451,11 +479,13 @@ class CausalWanDiT(nn.Module):
 
         x [B, F, C, h, w]; e0 [B, F', 6, dim] and e_head [B, F', 1, dim] the time modulations of its
         F' patched frames (float32); rotations its tokens' RoPE; keys / values the prompt's
-        cross-attention K/V of every layer. Returns the flow [B, F, C, h, w] in float32.
+        cross-attention K/V of every layer; key_rows those of a DiT with a keyboard branch. Returns
+        the flow [B, F, C, h, w] in float32.
         """
         tokens = self._embed_patches(x)
         rows = [tokens.shape[1]]
-        out = self._blocks_and_head(tokens, e0, e_head, rotations, lambda i: [(keys[i], values[i])], rows, cache)
+        held = None if key_rows is None else [key_rows]
+        out = self._blocks_and_head(tokens, e0, e_head, rotations, lambda i: [(keys[i], values[i])], rows, cache, held)
         pt, ph, pw = self.config.patch_size
         return self._unpatchify(out, (x.shape[1] // pt, x.shape[3] // ph, x.shape[4] // pw)).float()
 
@@ -470,6 +500,8 @@ class CausalWanDiT(nn.Module):
     ) -> Tensor:
         """`denoise_step` on this rank's shard of the tokens; the ranks talk in attention and the gather."""
         assert self.parallel is not None
+        if self.config.action is not None:
+            raise ValueError("a DiT with a keyboard branch runs in one process (no sequence parallelism)")
         tokens, rotations = self.parallel.shard(self._embed_patches(call.x), rotations, grid[0])
         cache = self.parallel.attention_cache(call.cache)
         if call.cache is not None and not begun:
@@ -495,11 +527,12 @@ class CausalWanDiT(nn.Module):
         prompts: Callable[[int], list[tuple[Tensor, Tensor]]],
         rows: list[int],
         cache: SelfAttentionCache | None,
+        key_rows: list[Tensor] | None = None,
     ) -> Tensor:
         """The attention blocks and the head over token rows `rows[i]` of each call; `prompts(layer)`
-        gives each call's cross-attention K/V of that layer."""
+        gives each call's cross-attention K/V of that layer, `key_rows[i]` its keys held."""
         for i, block in enumerate(self.blocks):
-            tokens = block(tokens, e0, rotations, i, prompts(i), rows, cache, self.backend)
+            tokens = block(tokens, e0, rotations, i, prompts(i), rows, cache, self.backend, key_rows)
         return cast(Tensor, self.head(tokens, e_head))
 
     def _time_embedding(self, timesteps: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
