@@ -25,12 +25,14 @@ from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from scheduler import metrics
 from scheduler.config import Presets, SchedulerConfig
 from scheduler.placement import Placement
+from scheduler.quotas import Quotas
 from scheduler.sessions import SessionRecord
 from scheduler.table import NO_PERSISTENT_STORE, SessionTable
 
 log = logging.getLogger("inferix.scheduler")
 # ErrorEvent codes are gRPC status codes (google.rpc.Code); a session's own failure is INTERNAL.
 INTERNAL = 13
+RESOURCE_EXHAUSTED = 8
 
 
 @dataclass(frozen=True)
@@ -44,11 +46,19 @@ class Ending:
 class Dispatcher:
     """Runs one dispatch task per unfinished session."""
 
-    def __init__(self, config: SchedulerConfig, table: SessionTable, placement: Placement, presets: Presets) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        table: SessionTable,
+        placement: Placement,
+        presets: Presets,
+        quotas: Quotas | None = None,
+    ) -> None:
         self.config = config
         self.table = table
         self.placement = placement
         self.presets = presets
+        self.quotas = quotas or Quotas()
         self.stopping = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -158,6 +168,7 @@ class Dispatcher:
         fps = float(self.presets.get(record.spec.model).video.fps)
         frames_per_block = record.valid.shape.video_frames_per_block
         recoveries = 0
+        over_quota = False  # told the session's clients that its key's hourly budget holds it
         while True:
             if record.cancel_requested:
                 return Ending(common_pb2.SESSION_STATE_CANCELLED, "cancelled by the client")
@@ -172,6 +183,17 @@ class Dispatcher:
             if record.first_block_at is not None and ahead > record.valid.lookahead * frames_per_block:
                 await record.wait((ahead - record.valid.lookahead * frames_per_block) / fps)
                 continue
+            wait = self.quotas.wait_s(record.owner)
+            if wait > 0:  # the key's hourly budget is spent: the session waits, nothing is lost
+                if not over_quota:
+                    over_quota = True
+                    error = scheduler_pb2.ErrorEvent(
+                        code=RESOURCE_EXHAUSTED, message=self.quotas.hourly_message(record.owner, wait)
+                    )
+                    record.publish(scheduler_pb2.InteractResponse(error=error))
+                await record.wait(wait)
+                continue
+            over_quota = False
             block = record.next_block
             recache = False
             if block in schedule:
@@ -194,6 +216,8 @@ class Dispatcher:
     async def _run_block(self, record: SessionRecord, block: int, recache: bool) -> None:
         record.in_flight = block
         started = time.perf_counter()
+        # Charged when dispatched, so that sessions of one key running at once never pass its budget.
+        self.quotas.charge_block(record.owner)
         try:
             with tracer("inferix.scheduler").start_as_current_span(
                 "scheduler.block", attributes={SESSION_ID_ATTR: record.session_id, BLOCK_INDEX_ATTR: block}
@@ -201,6 +225,9 @@ class Dispatcher:
                 call_started = time.perf_counter()
                 event = await self.placement.run_block(record, block, recache)
                 call_s = time.perf_counter() - call_started
+        except BaseException:
+            self.quotas.refund_block(record.owner)  # it is run again (recovery) or never made
+            raise
         finally:
             record.in_flight = None
         elapsed = time.perf_counter() - started

@@ -26,6 +26,7 @@ from scheduler.config import Presets, SchedulerConfig
 from scheduler.dispatch import Dispatcher
 from scheduler.grpc_clients import GrpcKVCache, GrpcWorkers
 from scheduler.placement import CallFailed, Placement, PlacementUnavailable
+from scheduler.quotas import QuotaExceeded
 from scheduler.sessions import ACTION_BURST, ACTION_RATE_PER_S, STATE_NAMES, PendingAction, PendingPrompt, SessionRecord
 from scheduler.table import SessionTable
 from scheduler.validation import InvalidRequest, check_prompt_text, validate_action, validate_spec
@@ -53,6 +54,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     # ---- helpers ------------------------------------------------------------------------------
     async def _principal(self, context: Any) -> str:
+        acting = getattr(context, "acting_principal", None)  # a viewer call (`scheduler.viewer_gateway`)
+        if isinstance(acting, str):
+            return acting
         try:
             return self.api_keys.principal(context.invocation_metadata())
         except Unauthenticated as exc:
@@ -110,6 +114,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         except CallFailed:
             await context.abort(grpc.StatusCode.UNAVAILABLE, unavailable)
             raise
+        open_sessions = sum(1 for r in self.table.records.values() if r.owner == principal and not r.terminal)
+        try:
+            self.api_keys.quotas.check_create(principal, open_sessions, valid.num_blocks)
+        except QuotaExceeded as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         session_id = uuid.uuid4().hex
         streamer = self.config.streamer_public_address or self.config.streamer_address
         record = SessionRecord(
@@ -267,7 +276,7 @@ def create_servicer(config: SchedulerConfig, store: Store, api_keys: ApiKeys) ->
     table = SessionTable(store)
     presets = Presets(config.default_lookahead)
     placement = Placement(config, GrpcKVCache(config.kvcache_address), GrpcWorkers())
-    dispatcher = Dispatcher(config, table, placement, presets)
+    dispatcher = Dispatcher(config, table, placement, presets, api_keys.quotas)
     return SchedulerServicer(config, api_keys, table, placement, dispatcher, presets)
 
 

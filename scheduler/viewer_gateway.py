@@ -9,8 +9,8 @@ interceptor is the only place that accepts one, and it narrows what the token ca
 - only the session the token was minted for (the GetSession id, the Interact attach; a second
   attach in the stream is dropped); a token for another session, expired or forged, is
   PERMISSION_DENIED;
-- the call then runs as the session's owner: the servicer sees the owner's API key, so ownership
-  checks, rate limits and command semantics are exactly those of an SDK client.
+- the call then runs as the session's owner (the servicer's principal is the owner's), so
+  ownership checks, rate limits, quotas and command semantics are exactly those of an SDK client.
 
 Calls without a viewer token pass through untouched.
 """
@@ -33,11 +33,15 @@ INTERACT = _SERVICE + "Interact"
 
 
 class _AsOwner:
-    """The servicer context of a viewer call, whose metadata presents the session owner's API key."""
+    """The servicer context of a viewer call: it runs as `acting_principal`, the session's owner (the
+    servicer takes the principal from here, never from metadata, which a client could forge)."""
 
-    def __init__(self, context: grpc.aio.ServicerContext, metadata: tuple[tuple[str, str], ...]) -> None:
+    def __init__(
+        self, context: grpc.aio.ServicerContext, metadata: tuple[tuple[str, str], ...], principal: str
+    ) -> None:
         self._context = context
         self._metadata = metadata
+        self.acting_principal = principal
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
         return self._metadata
@@ -97,14 +101,11 @@ class ViewerGateway(grpc.aio.ServerInterceptor):
         metadata = tuple(
             (k, str(v)) for k, v in context.invocation_metadata() or () if k not in ("authorization", METADATA_KEY)
         )
-        if self.api_keys.enabled:
-            key = next((k for k, owner in self.api_keys.keys.items() if owner == record.owner), None)
-            if key is None:
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED, "the session owner's API key is no longer configured"
-                )
-            metadata += (("authorization", f"Bearer {key}"),)
-        return _AsOwner(context, metadata)
+        if self.api_keys.enabled and record.owner not in self.api_keys.principals:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED, "the session owner's API key is no longer configured"
+            )
+        return _AsOwner(context, metadata, record.owner)
 
     def _get_session(self, handler: grpc.RpcMethodHandler, token: str) -> grpc.RpcMethodHandler:
         async def get_session(request: scheduler_pb2.GetSessionRequest, context: grpc.aio.ServicerContext) -> Any:

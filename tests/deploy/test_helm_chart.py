@@ -346,12 +346,12 @@ def test_api_keys_come_from_a_mounted_secret(render: Render, tmp_path: Path) -> 
     path = tmp_path / "api-keys"
     path.write_text(content)
     keys = ApiKeys.load(path, env="")
-    assert set(keys.keys.values()) == {"alice", "bob"}
+    assert keys.principals == {"alice", "bob"}
 
     # No keys given: one generated key, long enough for the scheduler.
     generated = base64.b64decode(find(render(), "Secret", "-api-keys")["data"]["api-keys"]).decode()
     path.write_text(generated)
-    assert len(ApiKeys.load(path, env="").keys) == 1
+    assert len(ApiKeys.load(path, env="").digests) == 1
 
     # An existing Secret: nothing rendered, its key file mounted.
     manifests = render(set=["apiKeys.existingSecret=team-keys", "apiKeys.existingSecretKey=keys.txt"])
