@@ -9,7 +9,8 @@ Key file: one key per line, then optionally its name and quota settings; `#` sta
 
 A key may be given as `sha256:<hex digest>` instead of itself, so the file (or Secret) need not
 hold usable keys. Keys are kept only as digests in memory. With no keys configured the server is
-open (the local default), every caller is the principal "anonymous", and nothing is limited.
+open (the local default), every caller is the principal "anonymous", and only the stream limits
+(`streams`, `commands_per_second`) apply.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferix.errors import UserError
-from scheduler.quotas import UNLIMITED, Quota, Quotas
+from scheduler.quotas import OPEN_SERVER, Quota, Quotas
 
 ANONYMOUS = "anonymous"
 HASHED = re.compile(r"sha256:([0-9a-f]{64})")
@@ -78,7 +79,7 @@ class ApiKeys:
             limits = {name: Quota.parse(words, default, where) for name, (words, where) in settings.items()}
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        return cls(digests, Quotas(limits, default if digests else UNLIMITED))
+        return cls(digests, Quotas(limits, default if digests else OPEN_SERVER))
 
     def principal(self, metadata: tuple[tuple[str, str | bytes], ...] | None) -> str:
         """The caller's principal, or Unauthenticated with the reason."""

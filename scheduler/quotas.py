@@ -1,5 +1,5 @@
-"""Per-key quotas: how many sessions a key may have open, how long each may be, and how many blocks
-its sessions may make per hour.
+"""Per-key quotas: how many sessions a key may have open, how long each may be, how many blocks its
+sessions may make per hour, and how many Interact streams it may hold and commands send on each.
 
 Limits come with the keys (`scheduler.auth`: `sessions=8 blocks_per_session=20000
 blocks_per_hour=100000` after a key's name; a `*` line sets the defaults of every key); 0 means
@@ -29,6 +29,9 @@ class Quota:
     sessions: int = 16
     blocks_per_session: int = 0
     blocks_per_hour: int = 0
+    # Interact streams of the key open at once, and commands per second on each (bursts of twice that).
+    streams: int = 32
+    commands_per_second: int = 50
 
     @classmethod
     def parse(cls, settings: list[str], base: Quota, where: str) -> Quota:
@@ -45,7 +48,8 @@ class Quota:
         return cls(**values)
 
 
-UNLIMITED = Quota(sessions=0)
+# An open server (no keys): no session or block limits; streams and commands keep their defaults.
+OPEN_SERVER = Quota(sessions=0)
 
 
 @dataclass
@@ -53,9 +57,10 @@ class Quotas:
     """The quota of every principal and the blocks each made in the last hour."""
 
     limits: dict[str, Quota] = field(default_factory=dict)
-    default: Quota = UNLIMITED
+    default: Quota = OPEN_SERVER
     clock: Callable[[], float] = time.monotonic
     _blocks: dict[str, deque[float]] = field(default_factory=dict)
+    _streams: dict[str, int] = field(default_factory=dict)
 
     def of(self, principal: str) -> Quota:
         return self.limits.get(principal, self.default)
@@ -103,6 +108,19 @@ class Quotas:
         made = self._blocks.get(principal)
         if made and self.of(principal).blocks_per_hour:
             made.pop()
+
+    def open_stream(self, principal: str) -> None:
+        """Count an Interact stream of `principal` (QuotaExceeded past its `streams`)."""
+        limit = self.of(principal).streams
+        if limit and self._streams.get(principal, 0) >= limit:
+            raise QuotaExceeded(
+                f"quota: key {principal!r} has {limit} Interact streams open (limit streams={limit}); "
+                "close one (one stream per session is enough)"
+            )
+        self._streams[principal] = self._streams.get(principal, 0) + 1
+
+    def close_stream(self, principal: str) -> None:
+        self._streams[principal] = max(0, self._streams.get(principal, 0) - 1)
 
     def _recent(self, principal: str) -> deque[float]:
         made = self._blocks.setdefault(principal, deque())

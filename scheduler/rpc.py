@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from inferix.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from inferix.server import Registration
@@ -27,11 +28,29 @@ from scheduler.dispatch import Dispatcher
 from scheduler.grpc_clients import GrpcKVCache, GrpcWorkers
 from scheduler.placement import CallFailed, Placement, PlacementUnavailable
 from scheduler.quotas import QuotaExceeded
-from scheduler.sessions import ACTION_BURST, ACTION_RATE_PER_S, STATE_NAMES, PendingAction, PendingPrompt, SessionRecord
+from scheduler.sessions import (
+    ACTION_BURST,
+    ACTION_RATE_PER_S,
+    MAX_UNREAD_EVENTS,
+    STATE_NAMES,
+    PendingAction,
+    PendingPrompt,
+    SessionRecord,
+    TokenBucket,
+)
 from scheduler.table import SessionTable
 from scheduler.validation import InvalidRequest, check_prompt_text, validate_action, validate_spec
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+# A stream whose client sends this many commands past its rate limit is ended.
+MAX_REFUSED_COMMANDS = 500
+MALFORMED = "a malformed InteractRequest (not the inferix.v1 protobuf); the stream was closed"
+FLOODED = "command: the stream kept sending commands past its limit and was closed; re-attach and slow down"
+UNREAD = "events: the client left {} events unread and its stream was closed; re-attach with from_block to continue"
+
+
+class _Flooded(Exception):
+    """A stream's client kept sending commands past its limit."""
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -190,27 +209,77 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             first = await anext(aiter(request_iterator))
         except StopAsyncIteration:
             return
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{MALFORMED}: {exc}")
         if first.WhichOneof("command") != "attach":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "command: the first message must be `attach`")
         record = await self._session(first.attach.session_id, principal, context)
+        quotas = self.api_keys.quotas
+        try:
+            quotas.open_stream(principal)
+        except QuotaExceeded as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         queue = record.subscribe(first.attach.from_block)
-        reader = asyncio.create_task(self._read_commands(record, request_iterator))
+        # Set by the command reader when the client's commands end its stream: (status, why).
+        closing: asyncio.Future[tuple[grpc.StatusCode, str]] = asyncio.get_running_loop().create_future()
+        reader = asyncio.create_task(self._read_commands(record, request_iterator, principal, closing))
         try:
             while True:
-                event = await queue.get()
+                getting = asyncio.ensure_future(queue.get())
+                await asyncio.wait((getting, closing), return_when=asyncio.FIRST_COMPLETED)
+                if not getting.done():
+                    getting.cancel()
+                    await context.abort(*closing.result())
+                event = getting.result()
                 if event is None:
+                    if queue.overflowed:
+                        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, UNREAD.format(MAX_UNREAD_EVENTS))
                     if not record.terminal:  # handed over at a shutdown: the SDK re-attaches to the next scheduler
                         await context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is restarting; re-attach")
                     return
                 yield event
         finally:
+            quotas.close_stream(principal)
             record.unsubscribe(queue)
             reader.cancel()
+            closing.cancel()
 
     async def _read_commands(
-        self, record: SessionRecord, requests: AsyncIterator[scheduler_pb2.InteractRequest]
+        self,
+        record: SessionRecord,
+        requests: AsyncIterator[scheduler_pb2.InteractRequest],
+        principal: str,
+        closing: asyncio.Future[tuple[grpc.StatusCode, str]],
     ) -> None:
+        """Apply the stream's commands, at most the key's `commands_per_second` (bursts of twice that):
+        beyond, each is refused; a stream that keeps flooding, or sends a malformed message, is ended
+        (`closing` says how)."""
+        rate = self.api_keys.quotas.of(principal).commands_per_second
+        bucket = TokenBucket(rate=float(rate), burst=2 * rate) if rate else None
+        try:
+            await self._apply_commands(record, requests, bucket, rate)
+        except DecodeError as exc:
+            closing.set_result((grpc.StatusCode.INVALID_ARGUMENT, f"{MALFORMED}: {exc}"))
+        except _Flooded:
+            closing.set_result((grpc.StatusCode.RESOURCE_EXHAUSTED, FLOODED))
+
+    async def _apply_commands(
+        self,
+        record: SessionRecord,
+        requests: AsyncIterator[scheduler_pb2.InteractRequest],
+        bucket: TokenBucket | None,
+        rate: int,
+    ) -> None:
+        refused = 0
         async for request in requests:
+            if bucket is not None and not bucket.take():
+                refused += 1
+                if refused > MAX_REFUSED_COMMANDS:
+                    raise _Flooded
+                message = f"command: too many commands (limit commands_per_second={rate}); slow down"
+                error = scheduler_pb2.ErrorEvent(code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], message=message)
+                record.publish(scheduler_pb2.InteractResponse(error=error), keep=False)
+                continue
             record.publish(self._apply_command(record, request), keep=False)
 
     def _apply_command(

@@ -61,6 +61,20 @@ ACTION_RATE_PER_S = 30.0
 ACTION_BURST = 60
 
 
+# Events an attached client may leave unread before its stream is ended (it re-attaches with from_block).
+MAX_UNREAD_EVENTS = 4096
+
+
+class EventQueue(asyncio.Queue["scheduler_pb2.InteractResponse | None"]):
+    """One attached client's events; None ends its stream. `overflowed`: ended because it left more
+    than `limit` events unread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.limit = MAX_UNREAD_EVENTS
+        self.overflowed = False
+
+
 @dataclass
 class PendingPrompt:
     text: str
@@ -109,7 +123,7 @@ class SessionRecord:
     prompt_bucket: TokenBucket = field(default_factory=lambda: TokenBucket(rate=4.0, burst=8))
     # A player's page sends on every key change and a sampled mouse: far more than any boundary uses.
     action_bucket: TokenBucket = field(default_factory=lambda: TokenBucket(rate=ACTION_RATE_PER_S, burst=ACTION_BURST))
-    _subscribers: list[asyncio.Queue[scheduler_pb2.InteractResponse | None]] = field(default_factory=list)
+    _subscribers: list[EventQueue] = field(default_factory=list)
     _wakeup: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -229,11 +243,11 @@ class SessionRecord:
         return time.monotonic() - self.paused_since if self.paused_since is not None else 0.0
 
     # ---- events -------------------------------------------------------------------------------
-    def subscribe(self, from_block: int) -> asyncio.Queue[scheduler_pb2.InteractResponse | None]:
+    def subscribe(self, from_block: int) -> EventQueue:
         """A queue of the session's events: blocks from `from_block` on, and the other events kept in
         its history -- those after block `from_block - 1` when the history has it (a client that
         re-attaches after its last block gets no event twice), else all of them."""
-        queue: asyncio.Queue[scheduler_pb2.InteractResponse | None] = asyncio.Queue()
+        queue = EventQueue()
         history = self.events
         for i, event in enumerate(history):
             if event.WhichOneof("event") == "block" and event.block.block_index == from_block - 1:
@@ -245,6 +259,7 @@ class SessionRecord:
         if self.terminal:
             queue.put_nowait(None)
         else:
+            queue.limit = queue.qsize() + MAX_UNREAD_EVENTS
             self._subscribers.append(queue)
         return queue
 
@@ -267,7 +282,7 @@ class SessionRecord:
         self.announced_blocks = event.block_index + 1
         self.publish(scheduler_pb2.InteractResponse(block=event))
 
-    def unsubscribe(self, queue: asyncio.Queue[scheduler_pb2.InteractResponse | None]) -> None:
+    def unsubscribe(self, queue: EventQueue) -> None:
         if queue in self._subscribers:
             self._subscribers.remove(queue)
 
@@ -275,8 +290,13 @@ class SessionRecord:
         event.session_id = self.session_id
         if keep:
             self.events.append(event)
-        for queue in self._subscribers:
-            queue.put_nowait(event)
+        for queue in list(self._subscribers):
+            if queue.qsize() >= queue.limit:  # a client that does not read: its stream ends, memory stays bounded
+                queue.overflowed = True
+                self._subscribers.remove(queue)
+                queue.put_nowait(None)
+            else:
+                queue.put_nowait(event)
 
     def set_state(self, state: int, reason: str = "") -> None:
         if state == self.state:

@@ -33,7 +33,7 @@ def test_keys_may_be_stored_as_sha256_digests_and_carry_quotas(tmp_path: Path) -
         f"{CAROL}\n",
     )
     assert [keys.principal(bearer(k)) for k in (ALICE, BOB, CAROL)] == ["alice", "bob", "key4"]
-    assert keys.quotas.of("alice") == Quota(sessions=2, blocks_per_session=100, blocks_per_hour=50)
+    assert keys.quotas.of("alice") == Quota(sessions=2, blocks_per_session=100, blocks_per_hour=50, streams=32)
     assert keys.quotas.of("bob") == Quota(sessions=5, blocks_per_session=30, blocks_per_hour=0)
     assert keys.quotas.of("key4") == Quota(sessions=5, blocks_per_session=100, blocks_per_hour=0)
     assert ALICE.encode() not in repr(keys).encode()  # only digests are kept
@@ -52,7 +52,7 @@ def test_without_a_star_line_keys_get_the_default_quota_and_an_open_server_none(
     ("text", "message"),
     [
         (f"{ALICE} alice sessions=two\n", "api-keys:1: sessions must be a whole number >= 0 (0: unlimited), got 'two'"),
-        (f"{ALICE} alice streams=2\n", "api-keys:1: unknown quota 'streams' (quotas: sessions, blocks_per_session"),
+        (f"{ALICE} alice viewers=2\n", "api-keys:1: unknown quota 'viewers' (quotas: sessions, blocks_per_session"),
         ("sha256:abc alice\n", "api-keys:1: a hashed key is sha256: and 64 lowercase hex digits"),
         ("short alice\n", "api-keys:1: API keys must be at least 16 characters"),
         (f"{ALICE} alice\n* blocks_per_hour=-1\n", "api-keys:2: blocks_per_hour must be a whole number"),
