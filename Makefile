@@ -28,7 +28,8 @@ lint:
 	lint-imports
 	mypy inferix workers scheduler streamer kvcache_svc lvbench toyworld_lab
 	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py \
-		bench/streaming.py bench/service_deps.py bench/batching.py bench/magi.py bench/precision.py bench/quant.py
+		bench/streaming.py bench/service_deps.py bench/batching.py bench/magi.py bench/precision.py bench/quant.py \
+		bench/play_latency.py
 	mypy scripts/gpu_check.py
 	$(MAKE) --no-print-directory buf-lint docker-lint helm-lint
 
@@ -40,6 +41,7 @@ bench:
 	$(PYTHON) bench/profiler.py
 	$(PYTHON) bench/parallel.py
 	$(PYTHON) bench/streaming.py
+	$(PYTHON) bench/play_latency.py
 	$(PYTHON) bench/toyworld.py
 	$(PYTHON) bench/batching.py --realtime
 	$(PYTHON) bench/magi.py

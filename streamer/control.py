@@ -1,4 +1,4 @@
-"""The viewer page's window on the scheduler: commands (prompt, pause, resume, stop) and session status.
+"""The viewer page's window on the scheduler: commands (prompt, action, pause, resume, stop) and session status.
 
 The page talks JSON to the streamer; the streamer forwards to the scheduler's public gRPC API with
 the page's viewer token in the `x-inferix-viewer-token` metadata, where the scheduler checks it
@@ -7,9 +7,12 @@ credentials of its own and the scheduler stays the only place that applies comma
 prompt validation and block-boundary semantics are the same as for SDK clients).
 
 A command is one short Interact stream: attach, send the command, wait for the scheduler's
-`accepted` (or the error naming the command). Status comes from a watcher per watched session: one
-GetSession, then an Interact stream whose block events give the current prompt and block latency;
-it stops when nobody has asked for the session's status for a while.
+`accepted` (or the error naming the command). A session's commands go one at a time: the scheduler
+publishes every answer to every stream attached to the session, so two of them in flight at once
+could each take the other's answer. Status comes from a watcher per watched session: one GetSession
+(with the model's action schema), then an Interact stream whose block events give the current prompt,
+the action each block was made under and block latency; it stops when nobody has asked for the
+session's status for a while.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import statistics
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -33,11 +37,12 @@ from streamer.errors import StreamerError
 log = logging.getLogger("inferix.streamer.control")
 
 # Page command -> Interact command name (the name the scheduler echoes in `accepted`).
-COMMANDS = {"prompt": "set_prompt", "pause": "pause", "resume": "resume", "stop": "stop"}
+COMMANDS = {"prompt": "set_prompt", "action": "action", "pause": "pause", "resume": "resume", "stop": "stop"}
 _DEADLINE_S = 10.0
 _WATCH_IDLE_S = 30.0  # a watcher with no status request for this long stops
 _FROM_NO_BLOCKS = 2**32 - 1  # attach without replaying block events
 _TERMINAL = ("completed", "cancelled", "failed")
+_RECENT_BLOCKS = 16  # block events kept for the page (which marks an action applied when its block is made)
 
 # gRPC status -> HTTP status of the page's JSON API.
 _HTTP_STATUS = {
@@ -79,8 +84,15 @@ class SessionView:
     blocks_done: int = 0
     created_at_unix: float = 0.0
     last_error: str = ""
+    # The model's actions (None: a text model) and the action held for the next block as far as known:
+    # GetSession's at first, then the one the latest block was made under.
+    action_schema: dict[str, object] | None = None
+    current_action: dict[str, list[Any]] | None = None
     block_latency_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=16))
     engine_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=16))
+    recent_blocks: collections.deque[dict[str, object]] = field(
+        default_factory=lambda: collections.deque(maxlen=_RECENT_BLOCKS)
+    )
 
     def to_json(self) -> dict[str, object]:
         latency = list(self.block_latency_ms)
@@ -91,12 +103,41 @@ class SessionView:
             "blocks_done": self.blocks_done,
             "created_at_unix": self.created_at_unix,
             "last_error": self.last_error,
+            "action_schema": self.action_schema,
+            "current_action": self.current_action,
+            "recent_blocks": list(self.recent_blocks),
             "block_latency_ms": {
                 "last": round(latency[-1], 1) if latency else None,
                 "p50": round(statistics.median(latency), 1) if latency else None,
                 "engine_last": round(engine[-1], 1) if engine else None,
             },
         }
+
+    def add_block(self, block: common_pb2.BlockEvent) -> None:
+        self.prompt = block.prompt
+        self.blocks_done = max(self.blocks_done, block.block_index + 1)
+        self.block_latency_ms.append(block.timings.dispatch_to_done_ms)
+        self.engine_ms.append(block.timings.total_ms)
+        entry: dict[str, object] = {
+            "block": block.block_index,
+            "first_frame": block.first_frame,
+            "num_frames": block.num_frames,
+        }
+        if block.HasField("action"):
+            self.current_action = entry["action"] = _action_json(block.action)
+        self.recent_blocks.append(entry)
+
+
+def _schema_json(schema: common_pb2.ActionSchema) -> dict[str, object]:
+    return {
+        "keys": [{"name": k.name, "key": k.key} for k in schema.keys],
+        "mouse": [{"name": a.name, "minimum": a.minimum, "maximum": a.maximum} for a in schema.mouse],
+        "one_hot": schema.one_hot,
+    }
+
+
+def _action_json(action: common_pb2.HeldAction) -> dict[str, list[Any]]:
+    return {"keys": list(action.keys), "mouse": list(action.mouse)}
 
 
 class _Watcher:
@@ -122,6 +163,9 @@ class _Watcher:
             view = self.view
             view.state, view.prompt = _state_name(session.state), session.current_prompt
             view.blocks_done, view.created_at_unix = session.blocks_done, session.created_at_unix
+            if session.HasField("action_schema"):
+                view.action_schema = _schema_json(session.action_schema)
+                view.current_action = _action_json(session.current_action)
             self.ready.set()
             from_block = max(0, session.blocks_done - (view.block_latency_ms.maxlen or 0))
             await self._follow(stub, metadata, from_block)
@@ -157,11 +201,7 @@ class _Watcher:
             async for response in call:
                 kind = response.WhichOneof("event")
                 if kind == "block":
-                    block = response.block
-                    view.prompt = block.prompt
-                    view.blocks_done = max(view.blocks_done, block.block_index + 1)
-                    view.block_latency_ms.append(block.timings.dispatch_to_done_ms)
-                    view.engine_ms.append(block.timings.total_ms)
+                    view.add_block(response.block)
                 elif kind == "state":
                     view.state = _state_name(response.state.state)
                 elif kind == "error":
@@ -184,6 +224,7 @@ class SchedulerControl:
         self._channel: grpc.aio.Channel | None = None
         self._channel_address = ""
         self._watchers: dict[str, _Watcher] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # per session: its command lock and its users
 
     def learn_address(self, address: str) -> None:
         """The scheduler said where its API is (on the link)."""
@@ -201,17 +242,50 @@ class SchedulerControl:
             self._channel_address = self.address
         return scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
 
-    async def command(self, session_id: str, token: str, command: str, text: str = "") -> int:
-        """Apply a page command; returns the block it applies at. Raises `ControlError`."""
+    async def command(
+        self,
+        session_id: str,
+        token: str,
+        command: str,
+        text: str = "",
+        keys: tuple[str, ...] = (),
+        mouse: tuple[float, ...] = (),
+    ) -> int:
+        """Apply a page command (`text` for prompt, `keys`/`mouse` for action); returns the block it
+        applies at. Raises `ControlError`."""
         name = COMMANDS.get(command)
         if name is None:
             raise ControlError(404, f"unknown command {command!r}; use one of {', '.join(COMMANDS)}")
         request = scheduler_pb2.InteractRequest()
         if name == "set_prompt":
             request.set_prompt.text = text
+        elif name == "action":
+            request.action.keys.extend(keys)
+            request.action.mouse.extend(mouse)
         else:
             getattr(request, name).SetInParent()
         stub = self.stub()
+        lock, users = self._locks.get(session_id, (asyncio.Lock(), 0))
+        self._locks[session_id] = (lock, users + 1)
+        try:
+            async with lock:
+                return await self._send(stub, session_id, token, name, request)
+        finally:
+            lock, users = self._locks[session_id]
+            if users == 1:  # the last one out: the table holds only sessions with commands in flight
+                del self._locks[session_id]
+            else:
+                self._locks[session_id] = (lock, users - 1)
+
+    async def _send(
+        self,
+        stub: scheduler_pb2_grpc.SchedulerServiceStub,
+        session_id: str,
+        token: str,
+        name: str,
+        request: scheduler_pb2.InteractRequest,
+    ) -> int:
+        """One Interact stream: attach, send the command, wait for its answer."""
         done = asyncio.Event()
 
         async def requests() -> AsyncIterator[scheduler_pb2.InteractRequest]:
@@ -227,7 +301,7 @@ class SchedulerControl:
                 kind = response.WhichOneof("event")
                 if kind == "accepted" and response.accepted.command == name:
                     return int(response.accepted.applies_at_block)
-                if kind == "error" and response.error.message.startswith(f"{name}:"):
+                if kind == "error" and response.error.message.startswith((f"{name}:", f"{name}.")):
                     code = _CODES.get(response.error.code, grpc.StatusCode.UNKNOWN)
                     raise ControlError(_HTTP_STATUS.get(code, 502), response.error.message)
         except grpc.aio.AioRpcError as exc:

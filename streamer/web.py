@@ -3,20 +3,25 @@
     GET    /watch/<session>                 the viewer page (the token travels in the URL fragment)
     POST   /whep/<session>                  SDP offer -> 201 + SDP answer, Location of the viewer
     DELETE /whep/<session>/<viewer>         hang up
-    GET    /api/sessions/<session>          status: scheduler view (state, prompt, block latency) + live stats
-    POST   /api/sessions/<session>/<cmd>    prompt {"text": ...} | pause | resume | stop
+    GET    /api/sessions/<session>          status: scheduler view (state, prompt, action schema, current
+                                            action, recent blocks, block latency) + live stats
+    POST   /api/sessions/<session>/<cmd>    prompt {"text": ...} | action {"keys": [...], "mouse": [...]}
+                                            | pause | resume | stop -> {"command", "applies_at_block"}
     GET    /healthz
 
 Every session endpoint needs `Authorization: Bearer <viewer token>` (see `inferix.viewer_token`):
 no or a bad token is 403, a session the streamer has never heard of is 404 (after waiting a
 moment for the scheduler's announcement), a WHEP offer for a session whose video is over is 410,
-a malformed SDP offer is 400 with the reason. The page and its script are static files.
+a malformed SDP offer is 400 with the reason, a malformed command body 400 naming the field. A
+command the scheduler refuses answers its error with the matching status (400 invalid, 429 too many,
+409 the session ended). The page and its script are static files.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from importlib import resources
 from typing import Any
 
@@ -32,6 +37,11 @@ log = logging.getLogger("inferix.streamer.web")
 
 ANNOUNCE_WAIT_S = 1.0  # a page may open a session a moment before the scheduler's announcement lands
 _MAX_OFFER_BYTES = 64 * 1024
+# An action body's limits: far above any model's schema, low enough to keep a bad page from sending junk.
+MAX_ACTION_KEYS = 16
+MAX_KEY_CHARS = 32
+MAX_MOUSE_AXES = 8
+ACTION_EXAMPLE = '{"keys": ["W"], "mouse": [0, 0.05]}'
 _STATIC = {"viewer.js": "text/javascript", "viewer.css": "text/css"}
 # The page runs only its own script and talks only to this server; the token in its URL is never sent on.
 _PAGE_HEADERS = {
@@ -54,6 +64,47 @@ class HttpError(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+def parse_action(payload: object) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """The keys and mouse values of an action command's JSON body; HttpError(400) naming the field.
+
+    The scheduler checks them against the model's schema; this only checks their shape.
+    """
+    if not isinstance(payload, dict):
+        raise HttpError(400, f"action: the body must be a JSON object, e.g. {ACTION_EXAMPLE}")
+    unknown = sorted(set(payload) - {"keys", "mouse"})
+    if unknown:
+        raise HttpError(400, f"action: unknown field(s) {', '.join(map(repr, unknown))}; send keys and mouse")
+    keys = payload.get("keys", [])
+    mouse = payload.get("mouse", [])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise HttpError(400, f'action: keys must be a list of strings (e.g. ["W", "A"]), got {json.dumps(keys)[:64]}')
+    if len(keys) > MAX_ACTION_KEYS or any(not 0 < len(k) <= MAX_KEY_CHARS for k in keys):
+        raise HttpError(400, f"action: keys: at most {MAX_ACTION_KEYS} keys of 1 to {MAX_KEY_CHARS} characters")
+    if not isinstance(mouse, list) or not all(_finite(v) for v in mouse):
+        raise HttpError(
+            400, f"action: mouse must be a list of finite numbers (e.g. [0, 0.05]), got {json.dumps(mouse)[:64]}"
+        )
+    if len(mouse) > MAX_MOUSE_AXES:
+        raise HttpError(400, f"action: mouse: at most {MAX_MOUSE_AXES} values, got {len(mouse)}")
+    return tuple(keys), tuple(float(v) for v in mouse)
+
+
+def _finite(value: object) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+async def _json_body(request: web.Request, example: str) -> object:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HttpError(400, f"the body must be JSON {example}: {exc}") from exc
 
 
 def _asset(name: str) -> bytes:
@@ -206,16 +257,17 @@ class ViewerServer:
         session_id, token = self._authorize(request)
         command = request.match_info["command"]
         text = ""
+        keys: tuple[str, ...] = ()
+        mouse: tuple[float, ...] = ()
         if command == "prompt":
-            try:
-                payload = await request.json()
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise HttpError(400, f'the body must be JSON {{"text": "..."}}: {exc}') from exc
+            payload = await _json_body(request, '{"text": "..."}')
             if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
                 raise HttpError(400, 'the body must be JSON {"text": "<the new prompt>"}')
             text = payload["text"]
+        elif command == "action":
+            keys, mouse = parse_action(await _json_body(request, ACTION_EXAMPLE))
         try:
-            applies_at = await self.control.command(session_id, token, command, text)
+            applies_at = await self.control.command(session_id, token, command, text, keys, mouse)
         except ControlError as exc:
             raise HttpError(exc.http_status, str(exc)) from exc
         return web.json_response({"command": command, "applies_at_block": applies_at})

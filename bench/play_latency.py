@@ -1,0 +1,350 @@
+"""Input-to-photon latency of playing in the browser (issue 25): key press -> first frame made under it.
+
+A local mesh (one worker serving `matrixgame2-tiny`, the scheduler's default lookahead 0 so that a
+session can ask for 0 or more) and the session's own viewer page in headless Chromium (Debian's, driven
+by Playwright). The bench focuses the video and presses W and D in turn; each key is held until the page
+shows its action applied (its block's event came), then released (the release goes out as the neutral
+action and is waited for the same way). Before every key event it waits a random 0 to 1 block, so the
+presses land at every phase of the block on screen.
+
+Per press, all on the page's clock (`performance.now()`):
+
+- t_key: the keydown event's `timeStamp` (the page records it with the action it caused);
+- N: the block the action applies at, from the answer the page got (`applies_at_block`); the SDK's
+  event stream confirms block N was made under exactly that action;
+- t_photon: `expectedDisplayTime` (from `requestVideoFrameCallback`) of the first presented frame whose
+  index is at least block N's `first_frame` (BlockDone).
+
+Latency = t_photon - t_key: the page's coalescing, the streamer's and scheduler's command path, waiting
+for the next block boundary the scheduler can still change, generating block N, the pacer releasing
+its frames on time, WebRTC and Chromium's decode and display.
+
+**Which frame is on screen.** By its pixels. Chromium draws every presented frame (a hook on
+`requestVideoFrameCallback`, added by the bench, not part of the page) into a canvas at the video's
+own size and keeps a 12 x 8 grey thumbnail (4 x 4 pixel means); the bench decodes the session's MP4
+recording (the same encoded stream the viewer got: no second encode for H.264 viewers) and makes
+the same thumbnails. Each presented frame is the recording frame with the nearest thumbnail. That is
+unambiguous here: consecutive frames of matrixgame2-tiny (random weights) differ by ~60 grey levels
+per pixel, while the same frame seen by Chromium and by PyAV differs by a few (colour conversion and
+rounding). The margin is printed: the largest best-match distance against the smallest second-best
+(both mean absolute grey differences of the thumbnails). No counting is involved, so frames Chromium
+dropped or never called back for, freezes, and the point the viewer joined cannot shift it.
+
+**Floor.** A press lands on average half a block before the scheduler's next block boundary. With
+lookahead L the block it changes is dispatched at that boundary and due on screen L blocks later, or
+when it is made if generating it takes longer: floor = 0.5 x block + max(generation p50, L x block).
+"Frames ahead" is what the schedule made each press wait: the playback time from the frame on screen
+at the keydown to block N's first frame (the display pipeline is in both ends, so latency minus frames
+ahead is within a frame of 0 when playback is steady). Two things move the measurement off the floor:
+the scheduler's playback clock counts block b from frame 12b while Matrix-Game's block 0 has 9 frames
+(block b starts at 12b - 3), so its lead is 3 frames (188 ms) shorter than it thinks; and the streamer
+starts its clock a jitter buffer (100 ms) after the first frame and, under `hold`, keeps every freeze
+(an underrun) in the timeline, so each freeze adds to every later action's latency. A warm-up session
+runs first so the worker's first-call costs do not land in the measured sessions.
+
+    python bench/play_latency.py                     # 30 presses at lookahead 0 and 1
+    python bench/play_latency.py --presses 10 --lookaheads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+from PIL import Image
+from playwright.sync_api import Page, sync_playwright
+
+from inferix.client import BlockDone, Client, CommandAccepted
+from inferix.mesh import Mesh, MeshConfig, start_mesh
+
+MODEL = "matrixgame2-tiny"
+KEYS = ("w", "d")  # Playwright key names; the page binds the schema's W and D
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+]
+THUMB = (12, 8)  # thumbnail columns x rows
+# Draws each presented frame and keeps its grey thumbnail, with the time it is expected on screen.
+FRAME_HOOK = """
+([columns, rows]) => {
+  const video = document.getElementById('video');
+  const canvas = document.createElement('canvas');
+  const context = canvas.getContext('2d', { willReadFrequently: true });
+  window.benchFrames = [];
+  const onFrame = (now, meta) => {
+    const width = video.videoWidth, height = video.videoHeight;
+    canvas.width = width; canvas.height = height;
+    context.drawImage(video, 0, 0, width, height);
+    const rgba = context.getImageData(0, 0, width, height).data;
+    const cw = width / columns, ch = height / rows, thumb = new Array(columns * rows).fill(0);
+    for (let y = 0; y < height; y++) {
+      for (let x = 0; x < width; x++) {
+        const i = (y * width + x) * 4;
+        thumb[Math.floor(y / ch) * columns + Math.floor(x / cw)] += (rgba[i] + rgba[i + 1] + rgba[i + 2]) / 3;
+      }
+    }
+    window.benchFrames.push({ at: meta.expectedDisplayTime, thumb: thumb.map((v) => v / (cw * ch)) });
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+}
+"""
+SENT = (
+    "() => inferixViewer.play.sent.map((e) => ({keys: e.keys, inputAt: e.inputAt, sentAt: e.sentAt,"
+    " answeredAt: e.answeredAt, appliesAt: e.appliesAt, state: e.state}))"
+)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presses", type=int, default=30, help="key presses per lookahead (default 30)")
+    p.add_argument("--lookaheads", default="0,1", help="session lookaheads to measure (default 0,1)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the pauses between key events")
+    p.add_argument("--chromium", default="/usr/bin/chromium")
+    return p.parse_args()
+
+
+@dataclass
+class Press:
+    keys: tuple[str, ...]
+    block: int
+    latency_ms: float
+    ahead_ms: float  # playback from the frame on screen at the keydown to block N's first frame
+    round_trip_ms: float  # page -> streamer -> scheduler -> page, the action's answer
+    generation_ms: float  # block N, dispatch to done
+
+
+@dataclass
+class Run:
+    lookahead: int
+    presses: list[Press]
+    presented: int  # frames the hook saw
+    match_worst: float  # the largest best-match thumbnail distance (grey levels)
+    match_margin: float  # the smallest second-best distance
+    out_of_order: int  # presented frames whose index is not above the one before (should be 0)
+    chromium_dropped: int
+    block_s: float
+    underruns: int  # the streamer's, whole session: each freeze under `hold` delays playback for good
+    underrun_s: float
+
+
+def wait(page: Page, expression: str, timeout_s: float = 30.0) -> Any:
+    """Poll a page expression until truthy (the page's CSP forbids Playwright's eval-based waits)."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := page.evaluate(expression)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {expression}")
+        time.sleep(0.02)
+    return value
+
+
+def key_event(page: Page, down: bool, key: str) -> None:
+    """One key event, then wait until the action it changed has reached its block (the page says applied)."""
+    before = page.evaluate("inferixViewer.play.sent.length")
+    (page.keyboard.down if down else page.keyboard.up)(key)
+    state = wait(
+        page,
+        f"inferixViewer.play.sent.length > {before} && ['applied', 'superseded', 'refused']"
+        ".includes(inferixViewer.play.sent.at(-1).state) && inferixViewer.play.sent.at(-1).state",
+    )
+    if state != "applied":
+        raise RuntimeError(f"the page's action was {state}: {page.evaluate(SENT)[-1]}")
+
+
+def warm_up(mesh: Mesh, image: Path) -> None:
+    """One short session first: the worker's first blocks pay one-off costs."""
+    with Client(mesh.address, timeout=120) as client:
+        info = client.create_session(model=MODEL, image=image, num_blocks=3)
+        for _ in client.events(info.session_id):
+            pass
+
+
+def play(mesh: Mesh, browser: Any, workdir: Path, lookahead: int, presses: int, rng: random.Random) -> Run:
+    image = workdir / "start.png"
+    with Client(mesh.address, timeout=120) as client:
+        info = client.create_session(
+            model=MODEL, image=image, num_blocks=min(341, presses * (2 * lookahead + 8) + 8), lookahead=lookahead
+        )
+        page = browser.new_page()
+        try:
+            page.goto(info.viewer_url)
+            wait(page, "inferixViewer.play !== null && inferixViewer.framesDecoded > 0")
+            page.evaluate(FRAME_HOOK, list(THUMB))
+            page.focus("#screen")
+            block_s = 12 / 16  # refined from the events below; only paces the pauses here
+            for i in range(presses):
+                key = KEYS[i % len(KEYS)]
+                for down in (True, False):
+                    time.sleep(rng.uniform(0, block_s))  # any phase of the block on screen
+                    key_event(page, down, key)
+            with client.interact(info.session_id, from_block=info.num_blocks) as session:
+                session.stop()
+                next(e for e in session.events() if isinstance(e, CommandAccepted) and e.command == "stop")
+            wait(page, "inferixViewer.status && inferixViewer.status.stream.ended", timeout_s=60)
+            last = -1  # the viewer plays out the frames still due, then the stream ends: wait until it is quiet
+            while (count := page.evaluate("window.benchFrames.length")) != last:
+                last = count
+                time.sleep(1.0)
+            sent = page.evaluate(SENT)
+            presented = page.evaluate("window.benchFrames")
+            stream = page.evaluate("inferixViewer.status.stream")
+            stats = page.evaluate(
+                "inferixViewer.pc.getStats().then((r) => { let d = 0; r.forEach((s) => {"
+                " if (s.type === 'inbound-rtp' && s.kind === 'video') d = s.framesDropped || 0; }); return d; })"
+            )
+        finally:
+            page.close()
+        blocks = {e.block_index: e for e in client.events(info.session_id) if isinstance(e, BlockDone)}
+        recording = client.download_recording(client.get_session(info.session_id), workdir / f"{info.session_id}.mp4")
+    return measure(lookahead, sent, presented, blocks, stream, int(stats), thumbnails(recording))
+
+
+def thumbnails(mp4: Path) -> np.ndarray:
+    """The recording's frames as grey thumbnails, [frames, rows * columns], as the page hook makes them."""
+    columns, rows = THUMB
+    thumbs = []
+    with av.open(str(mp4)) as container:
+        for frame in container.decode(video=0):
+            grey = frame.to_ndarray(format="rgb24").astype(np.float64).mean(axis=2)
+            height, width = grey.shape
+            cells = grey.reshape(rows, height // rows, columns, width // columns).mean(axis=(1, 3))
+            thumbs.append(cells.ravel())
+    return np.stack(thumbs)
+
+
+def identify(presented: np.ndarray, recording: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """Each presented thumbnail's recording frame; the worst best-match and the smallest second-best
+    distance (mean absolute grey difference)."""
+    distance = np.concatenate(  # in chunks: the full difference tensor would be gigabytes
+        [np.abs(chunk[:, None, :] - recording[None, :, :]).mean(axis=2) for chunk in np.array_split(presented, 64)]
+    )
+    order = np.argsort(distance, axis=1)
+    rows = np.arange(len(presented))
+    best, second = distance[rows, order[:, 0]], distance[rows, order[:, 1]]
+    return order[:, 0], float(best.max()), float(second.min())
+
+
+def measure(
+    lookahead: int,
+    sent: list[dict[str, Any]],
+    presented: list[dict[str, Any]],
+    blocks: dict[int, BlockDone],
+    stream: dict[str, Any],
+    chromium_dropped: int,
+    recording: np.ndarray,
+) -> Run:
+    fps = float(stream["fps"])
+    index, worst, margin = identify(np.array([p["thumb"] for p in presented]), recording)
+    shown_at = [float(p["at"]) for p in presented]
+    presses = []
+    for entry in sent:
+        if not entry["keys"]:
+            continue  # a release: the neutral action
+        block = blocks[entry["appliesAt"]]
+        if tuple(block.keys) != tuple(entry["keys"]):
+            raise RuntimeError(f"block {block.block_index} was made under {block.keys}, the page sent {entry}")
+        first = next(i for i, frame in enumerate(index) if frame >= block.first_frame)
+        on_screen = max(i for i, at in enumerate(shown_at) if at <= entry["inputAt"])
+        presses.append(
+            Press(
+                tuple(entry["keys"]),
+                block.block_index,
+                shown_at[first] - entry["inputAt"],
+                (block.first_frame - int(index[on_screen])) / fps * 1e3,
+                entry["answeredAt"] - entry["sentAt"],
+                block.dispatch_to_done_ms,
+            )
+        )
+    block_frames = statistics.median(b.num_frames for b in blocks.values())
+    return Run(
+        lookahead,
+        presses,
+        len(presented),
+        worst,
+        margin,
+        int(np.sum(np.diff(index) <= 0)),
+        chromium_dropped,
+        block_frames / fps,
+        int(stream["underruns"]),
+        float(stream["underrun_s"]),
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q))
+
+
+def report(runs: list[Run]) -> None:
+    print(f"\n{'lookahead':<10} {'presses':<8} {'p50 ms':>8} {'p95 ms':>8} {'min ms':>8} {'max ms':>8}   floor ms")
+    for run in runs:
+        latency = [p.latency_ms for p in run.presses]
+        generation = statistics.median(p.generation_ms for p in run.presses)
+        block_ms = run.block_s * 1e3
+        floor = 0.5 * block_ms + max(generation, run.lookahead * block_ms)
+        print(
+            f"{run.lookahead:<10} {len(latency):<8} {percentile(latency, 50):>8.0f} {percentile(latency, 95):>8.0f}"
+            f" {min(latency):>8.0f} {max(latency):>8.0f}   {floor:.0f} = 0.5 x {block_ms:.0f} ms block"
+            f" + max(generation {generation:.0f}, {run.lookahead} x {block_ms:.0f})"
+        )
+    print()
+    for run in runs:
+        ahead = [p.ahead_ms for p in run.presses]
+        round_trip = [p.round_trip_ms for p in run.presses]
+        display = [p.latency_ms - p.ahead_ms for p in run.presses]
+        print(
+            f"lookahead {run.lookahead}: frames ahead at the keydown p50 {percentile(ahead, 50):.0f} ms"
+            f" (p95 {percentile(ahead, 95):.0f}); latency - frames ahead p50 {percentile(display, 50):.0f} ms;"
+            f" action round trip page->scheduler->page p50 {percentile(round_trip, 50):.0f} ms"
+            f" (p95 {percentile(round_trip, 95):.0f})"
+        )
+        print(
+            f"  frames: {run.presented} presented, identified by thumbnail (best match <= {run.match_worst:.1f},"
+            f" second best >= {run.match_margin:.1f} grey levels), {run.out_of_order} out of order;"
+            f" Chromium dropped {run.chromium_dropped}; underruns {run.underruns} ({run.underrun_s:.2f} s held)"
+        )
+
+
+def main() -> None:
+    args = parse_args()
+    lookaheads = [int(v) for v in args.lookaheads.split(",")]
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        y, x = np.mgrid[0:32, 0:48]
+        Image.fromarray(np.stack([x * 5, y * 7, (x + y) * 3], axis=-1).astype(np.uint8)).save(workdir / "start.png")
+        (workdir / "mesh").mkdir()
+        config = MeshConfig(workdir=workdir / "mesh", workers=1, worker_threads=1, model=Path(MODEL))
+        config.capacity_probe, config.realtime_streams, config.lookahead = 0, 64, 0
+        print(f"mesh: 1 worker serving {MODEL}; {args.presses} presses per lookahead {lookaheads} ...", flush=True)
+        mesh = start_mesh(config)
+        runs = []
+        try:
+            warm_up(mesh, workdir / "start.png")
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_FLAGS)
+                for lookahead in lookaheads:
+                    started = time.monotonic()
+                    runs.append(play(mesh, browser, workdir, lookahead, args.presses, rng))
+                    print(f"lookahead {lookahead}: done in {time.monotonic() - started:.0f} s", flush=True)
+                browser.close()
+        finally:
+            mesh.stop()
+    report(runs)
+
+
+if __name__ == "__main__":
+    main()
