@@ -179,7 +179,9 @@ class Dispatcher:
             if record.paused_since is not None:
                 await record.wait(None)
                 continue
-            ahead = record.next_block * frames_per_block - record.playback_frame(fps)
+            # Pixel frames made: the last block's end (a Wan VAE's first block decodes to fewer frames).
+            made = record.frames_made or record.next_block * frames_per_block
+            ahead = made - record.playback_frame(fps)
             if record.first_block_at is not None and ahead > record.valid.lookahead * frames_per_block:
                 await record.wait((ahead - record.valid.lookahead * frames_per_block) / fps)
                 continue
@@ -233,6 +235,7 @@ class Dispatcher:
         elapsed = time.perf_counter() - started
         event.timings.dispatch_to_done_ms = elapsed * 1e3
         record.next_block = block + 1
+        record.frames_made = event.first_frame + event.num_frames
         if record.first_block_at is None:
             record.first_block_at = time.monotonic()
             metrics.TIME_TO_FIRST_BLOCK.observe(time.time() - record.created_at)

@@ -118,6 +118,7 @@ class SessionRecord:
     error: str = ""
     events: list[scheduler_pb2.InteractResponse] = field(default_factory=list)
     first_block_at: float | None = None
+    frames_made: int = 0  # pixel frames of the blocks made so far (0: none since this scheduler took it)
     paused_since: float | None = None
     paused_total_s: float = 0.0
     prompt_bucket: TokenBucket = field(default_factory=lambda: TokenBucket(rate=4.0, burst=8))
