@@ -19,10 +19,11 @@ RUN groupadd --system --gid 10001 inferix \
     && useradd --system --uid 10001 --gid inferix --home-dir /home/inferix --create-home inferix
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
-    INFERIX_SCHEDULER_HOST=0.0.0.0 INFERIX_SCHEDULER_PORT=50051
+    INFERIX_SCHEDULER_HOST=0.0.0.0 INFERIX_SCHEDULER_PORT=50051 INFERIX_SCHEDULER_INTERNAL_PORT=50055
 WORKDIR /home/inferix
 USER 10001:10001
 EXPOSE 50051
+# With TLS (INFERIX_TLS_CERT / _KEY) the API port speaks only TLS; the plaintext internal port answers.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-m", "inferix.health", "127.0.0.1:50051"]
+    CMD ["sh", "-c", "python -m inferix.health 127.0.0.1:50051 || python -m inferix.health 127.0.0.1:50055"]
 ENTRYPOINT ["python", "-m", "scheduler"]

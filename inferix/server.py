@@ -11,6 +11,12 @@ Every service (`python -m scheduler`, `python -m workers`, `python -m kvcache_sv
 async `drain()` called on SIGTERM before the server stops. With `--port 0` the OS picks a free
 port; `--port-file` receives `{"grpc": port, "metrics": port}` once the server listens, which is
 how tests and `inferix serve` find a child process (and its "pid": the process that serves).
+
+A service given `add_tls_arguments` (the scheduler: the mesh's only public port) serves TLS on its
+port with `--tls-cert/--tls-key`, re-reading the files when they change (a rotated certificate is
+served without a restart), and then also listens in plaintext on `--internal-port` for the mesh's
+own callers (the streamer's viewer commands, probes): they stay on the cluster network, as every
+other internal call does. The port file then has "internal" too.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +51,8 @@ Drain = Callable[[], Awaitable[None]]
 class Registration:
     service_names: list[str]
     drain: Drain | None = None
-    # Called once the server listens, with the bound port (e.g. to register with another service).
+    # Called once the server listens, with the port the mesh's services reach it on (e.g. to register with
+    # another service): the bound port, or the plaintext internal port when the public one serves TLS.
     on_start: Callable[[int], Awaitable[None]] | None = None
 
 
@@ -56,6 +64,7 @@ class ServerOptions:
     metrics_port: int | None = None
     grace_s: float = 10.0
     log_level: str = "INFO"
+    tls: TlsOptions | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerOptions:
@@ -66,7 +75,28 @@ class ServerOptions:
             metrics_port=args.metrics_port,
             grace_s=args.grace,
             log_level=args.log_level,
+            tls=TlsOptions.from_args(args),
         )
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS on the public port, and the plaintext port the mesh's own services use meanwhile."""
+
+    cert: Path
+    key: Path
+    internal_host: str = "127.0.0.1"
+    internal_port: int = 0  # 0 = any free port
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TlsOptions | None:
+        """From `add_tls_arguments`' flags; None when TLS is off (or the service has no such flags)."""
+        cert, key = getattr(args, "tls_cert", None), getattr(args, "tls_key", None)
+        if cert is None and key is None:
+            return None
+        if cert is None or key is None:
+            raise SystemExit("error: --tls-cert and --tls-key go together (a certificate and its private key)")
+        return cls(cert, key, args.internal_host, args.internal_port)
 
 
 def _env(service: str, name: str, default: str | None) -> str | None:
@@ -89,6 +119,88 @@ def add_server_arguments(parser: argparse.ArgumentParser, service: str, default_
     )
     parser.add_argument("--grace", type=float, default=10.0, help="seconds to finish in-flight work on SIGTERM")
     parser.add_argument("--log-level", default=_env(service, "LOG_LEVEL", "INFO"))
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser, service: str) -> None:
+    """TLS on the service's port; each flag falls back to INFERIX_<SERVICE>_<NAME> / INFERIX_<NAME>."""
+    group = parser.add_argument_group("TLS (the public port)")
+    cert, key = _env(service, "TLS_CERT", None), _env(service, "TLS_KEY", None)
+    group.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=Path(cert) if cert else None,
+        help="PEM certificate chain: serve TLS on --port (re-read when the file changes; env INFERIX_TLS_CERT)",
+    )
+    group.add_argument(
+        "--tls-key",
+        type=Path,
+        default=Path(key) if key else None,
+        help="PEM private key of --tls-cert (re-read with it; env INFERIX_TLS_KEY)",
+    )
+    group.add_argument(
+        "--internal-host",
+        default=_env(service, "INTERNAL_HOST", "127.0.0.1"),
+        help="with TLS: address of the plaintext port for the mesh's own services (default 127.0.0.1)",
+    )
+    group.add_argument(
+        "--internal-port",
+        type=int,
+        default=int(_env(service, "INTERNAL_PORT", "0") or 0),
+        help="with TLS: plaintext port for the mesh's own services: the streamer's viewer commands, "
+        "health probes (0 = any; default 0)",
+    )
+
+
+class CertificateFiles:
+    """A certificate and key on disk, served by gRPC and read again whenever either file changes.
+
+    `grpc.dynamic_ssl_server_credentials` asks `fetch` before each new handshake: it compares the files'
+    (inode, size, mtime), which also catches a Kubernetes Secret update (a symlink swapped to a new
+    file). A pair that does not load (half-written, key not matching) is not taken: the server keeps the
+    previous one, logs a warning, and tries again once the files change again.
+    """
+
+    def __init__(self, cert: Path, key: Path) -> None:
+        self.cert = cert
+        self.key = key
+        self._stamp: tuple[tuple[int, int, int], ...] | None = None
+        self._refused: tuple[tuple[int, int, int], ...] | None = None
+
+    def _stat(self) -> tuple[tuple[int, int, int], ...]:
+        stats = (os.stat(self.cert), os.stat(self.key))  # follows symlinks: the files as served
+        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+
+    def _load(self) -> grpc.ServerCertificateConfiguration:
+        """The pair, checked to load as a server certificate (ssl.SSLError, OSError otherwise)."""
+        stamp = self._stat()
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.cert, self.key)
+        config = grpc.ssl_server_certificate_configuration([(self.key.read_bytes(), self.cert.read_bytes())])
+        self._stamp = stamp
+        return config
+
+    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """The new pair when the files changed, None to keep serving the current one."""
+        try:
+            stamp = self._stat()
+            if stamp in (self._stamp, self._refused):
+                return None
+            self._refused = stamp  # warned once per bad pair, not at every handshake
+            config = self._load()
+        except (OSError, ssl.SSLError) as exc:
+            log.warning(
+                "TLS certificate %s / key %s not reloaded (keeping the current one): %s", self.cert, self.key, exc
+            )
+            return None
+        log.info("TLS certificate reloaded from %s", self.cert)
+        return config
+
+    def credentials(self) -> grpc.ServerCredentials:
+        """Server credentials that follow the files; SystemExit when they do not load now."""
+        try:
+            initial = self._load()
+        except (OSError, ssl.SSLError) as exc:
+            raise SystemExit(f"error: TLS certificate {self.cert} / key {self.key}: {exc}") from None
+        return grpc.dynamic_ssl_server_credentials(initial, self.fetch)
 
 
 INTERNAL_TOKEN_ENV = "INFERIX_INTERNAL_TOKEN"
@@ -218,9 +330,8 @@ async def run_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*registration.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(f"{options.host}:{options.port}")
-    if port == 0:
-        raise SystemExit(f"{service}: cannot bind {options.host}:{options.port}")
+    ports = _bind(service, server, options)
+    port = ports["grpc"]
     await server.start()
     for name in ["", *registration.service_names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -229,11 +340,19 @@ async def run_server(
         tmp = options.port_file.with_suffix(".tmp")
         # pid: the process that serves and drains on SIGTERM (rank 0 when a launcher such as torchrun
         # started this one; the launcher stops the service through it, see inferix/mesh/launch.py).
-        tmp.write_text(json.dumps({"grpc": port, "metrics": metrics_port, "pid": os.getpid()}))
+        tmp.write_text(json.dumps({**ports, "metrics": metrics_port, "pid": os.getpid()}))
         tmp.replace(options.port_file)  # atomic: readers never see a partial file
-    log.info("serving on %s:%d%s", options.host, port, f", metrics on :{metrics_port}" if metrics_port else "")
+    internal = f", plaintext for the mesh on {options.tls.internal_host}:{ports['internal']}" if options.tls else ""
+    log.info(
+        "serving on %s:%d%s%s%s",
+        options.host,
+        port,
+        " (TLS)" if options.tls else "",
+        internal,
+        f", metrics on :{metrics_port}" if metrics_port else "",
+    )
     if registration.on_start is not None:
-        await registration.on_start(port)
+        await registration.on_start(ports.get("internal", port))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -250,6 +369,22 @@ async def run_server(
     await server.stop(options.grace_s)
     shutdown_tracing()
     log.info("stopped")
+
+
+def _bind(service: str, server: grpc.aio.Server, options: ServerOptions) -> dict[str, int]:
+    """Add the server's ports: {"grpc": port} in plaintext, or TLS plus {"internal": plaintext port}."""
+    address = f"{options.host}:{options.port}"
+    if options.tls is None:
+        ports = {"grpc": server.add_insecure_port(address)}
+    else:
+        tls = options.tls
+        ports = {
+            "grpc": server.add_secure_port(address, CertificateFiles(tls.cert, tls.key).credentials()),
+            "internal": server.add_insecure_port(f"{tls.internal_host}:{tls.internal_port}"),
+        }
+    if 0 in ports.values():
+        raise SystemExit(f"{service}: cannot bind {address}" + (" or its internal port" if options.tls else ""))
+    return ports
 
 
 def channel(address: str) -> grpc.aio.Channel:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
+from inferix.server import Registration, ServerOptions, add_server_arguments, add_tls_arguments, run_server
 
 
 def parse_args() -> argparse.Namespace:
@@ -20,6 +20,7 @@ def parse_args() -> argparse.Namespace:
         description="Inferix scheduler: sessions, admission, block dispatch and the Interact stream.",
     )
     add_server_arguments(parser, "scheduler", 50051)
+    add_tls_arguments(parser, "scheduler")
     parser.add_argument("--kvcache", default=env("INFERIX_KVCACHE_ADDRESS", "127.0.0.1:50053"))
     parser.add_argument("--streamer", default=env("INFERIX_STREAMER_ADDRESS", "127.0.0.1:50054"))
     parser.add_argument(
@@ -57,7 +58,8 @@ def parse_args() -> argparse.Namespace:
     playback.add_argument(
         "--advertise-address",
         default=env("INFERIX_SCHEDULER_ADVERTISE_ADDRESS", ""),
-        help="this scheduler's API address as the streamer reaches it (viewer commands); default: host:port",
+        help="this scheduler's API address as the streamer reaches it (viewer commands); default: host:port "
+        "(with TLS: the plaintext --internal-host:--internal-port)",
     )
     return parser.parse_args()
 
@@ -91,8 +93,11 @@ def main() -> None:
     if args.viewer_page_url and tokens is None:
         raise SystemExit("scheduler: error: --viewer-page-url needs a viewer secret (--viewer-secret-file)")
     options = ServerOptions.from_args(args)
+    # The streamer reaches the scheduler in plaintext: on the API port, or on the internal one with TLS.
+    own_host = options.tls.internal_host if options.tls else options.host
+    own_port = options.tls.internal_port if options.tls else options.port
     # The link announces sessions to the streamer and relays its output errors into session events.
-    link = StreamerLink(args.streamer, _advertised(options.host, options.port, args.advertise_address))
+    link = StreamerLink(args.streamer, _advertised(own_host, own_port, args.advertise_address))
     playback = Playback(PlaybackConfig(args.viewer_page_url, args.rtmp_play_url, tokens), announcer=link)
     config = SchedulerConfig(
         kvcache_address=args.kvcache,
@@ -114,7 +119,7 @@ def main() -> None:
         async def on_start(port: int) -> None:
             if previous is not None:
                 await previous(port)
-            link.scheduler_address = _advertised(options.host, port, args.advertise_address)
+            link.scheduler_address = _advertised(own_host, port, args.advertise_address)
             await link.start(port)
 
         registration.on_start = on_start

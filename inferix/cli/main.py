@@ -47,6 +47,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"inferix {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        # A failed TLS handshake with the scheduler, from any command that talks to it, is one line too.
+        # Looked up only if the SDK was loaded: most commands never import grpc.
+        tls = sys.modules.get("inferix.client.tls")
+        if tls is None or not isinstance(exc, tls.TlsError):
+            raise
+        print(f"inferix {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"inferix {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -40,6 +40,20 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--port", type=int, default=50051, help="scheduler port for clients (0 = any free port; default 50051)"
     )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the scheduler's client port binds, e.g. a LAN address or 0.0.0.0 (use with --tls-cert); "
+        "the other services stay on 127.0.0.1 (default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        help="PEM certificate chain: the scheduler serves its client port with TLS (clients: grpcs://HOST:PORT, "
+        "--ca for a private CA); a replaced file is served without a restart",
+    )
+    parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument(
         "--ranks-per-worker",
@@ -139,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--realtime-streams and --capacity-probe must be >= 0")
     if args.rtmp not in ("auto", "off") and not args.rtmp.startswith(("rtmp://", "rtmps://")):
         raise UserError(f"--rtmp must be auto, off or an rtmp:// URL, got {args.rtmp!r}")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UserError("--tls-cert and --tls-key go together (a certificate and its private key)")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if path is not None and not path.is_file():
+            raise UserError(f"{flag} {path}: no such file")
     try:
         policy = RestartPolicy.from_env()
     except ValueError as exc:
@@ -165,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         rtmp=args.rtmp,
         env={INTERNAL_TOKEN_ENV: token} if token else {},
+        scheduler_host=args.host,
+        tls_cert=args.tls_cert.resolve() if args.tls_cert else None,
+        tls_key=args.tls_key.resolve() if args.tls_key else None,
     )
     pods = f" of {args.ranks_per_worker} ranks" if args.ranks_per_worker > 1 else ""
     model = args.model or "toyworld (built-in)"
@@ -216,8 +238,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_addresses(mesh: Mesh, workdir: Path) -> None:
+    tls = " (TLS; --ca FILE when a private CA signed it)" if mesh.config.tls else ""
     print(
-        f"scheduler   {mesh.scheduler.address}   <- clients: inferix session --server {mesh.scheduler.address} ...\n"
+        f"scheduler   {mesh.address}   <- clients: inferix session --server {mesh.address} ...{tls}\n"
         f"streamer    {mesh.streamer.address}\n"
         f"viewer      {mesh.viewer_url}/watch/<session>   <- each session's webrtc_page URL (with its token)\n"
         + (

@@ -16,9 +16,26 @@ def register(subparsers: Any) -> None:
         "session",
         help="create, watch and control sessions on a running mesh",
         description="Talk to an Inferix scheduler (started by `inferix serve` or a cluster).",
+        epilog="TLS: --server grpcs://HOST:PORT (or --tls) checks the server's certificate against the system's "
+        "roots, or against --ca FILE (env INFERIX_CA) for a private CA; a plain HOST:PORT is plaintext.",
     )
     parser.add_argument(
-        "--server", default=os.environ.get("INFERIX_SERVER", "127.0.0.1:50051"), help="scheduler address"
+        "--server",
+        default=os.environ.get("INFERIX_SERVER", "127.0.0.1:50051"),
+        help="scheduler address: HOST:PORT (plaintext) or grpcs://HOST:PORT (TLS); env INFERIX_SERVER",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        default=None,
+        help="connect over TLS even to a plain HOST:PORT (grpcs:// implies it)",
+    )
+    parser.add_argument(
+        "--ca",
+        type=Path,
+        default=os.environ.get("INFERIX_CA") or None,
+        help="PEM file of the CA that signed the scheduler's certificate (implies --tls; default: the system's "
+        "roots; env INFERIX_CA)",
     )
     parser.add_argument("--api-key", default=os.environ.get("INFERIX_API_KEY"), help="API key (env INFERIX_API_KEY)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
@@ -135,12 +152,17 @@ def _mouse_values(text: str) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Before gRPC loads: its own log lines of a failed handshake would bury the one-line error below.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     import grpc
 
-    from inferix.client import Client
+    from inferix.client import Client, TlsError
     from inferix.spec import parse_prompt_schedule
 
-    client = Client(args.server, api_key=args.api_key, timeout=args.timeout)
+    try:
+        client = Client(args.server, api_key=args.api_key, timeout=args.timeout, tls=args.tls, ca=args.ca)
+    except ValueError as exc:
+        raise UserError(f"--server / --ca: {exc}") from None
     action = args.session_command
     try:
         if action == "create":
@@ -192,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
         if action == "prompt":
             return _command(client, args.session_id, lambda i: i.set_prompt(args.text, args.recache))
         return _command(client, args.session_id, lambda i: getattr(i, action)())
+    except TlsError as exc:
+        raise UserError(exc.message) from None
     except grpc.RpcError as exc:
         code = exc.code()
         details = exc.details()

@@ -3,6 +3,7 @@
 from inferix.client.aio import AsyncClient, AsyncInteraction
 from inferix.client.reconnect import ReconnectPolicy
 from inferix.client.sync import Client, Interaction
+from inferix.client.tls import TlsError
 from inferix.client.types import (
     ActionKeyInfo,
     ActionSchemaInfo,
@@ -32,4 +33,5 @@ __all__ = [
     "SessionError",
     "SessionInfo",
     "StateChanged",
+    "TlsError",
 ]

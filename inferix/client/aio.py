@@ -6,12 +6,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
 
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
-from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address
+from inferix.client.channel import CHANNEL_OPTIONS, aio_channel, metadata, recording_address
 from inferix.client.reconnect import EventCursor, ReconnectPolicy
+from inferix.client.tls import Target, resolve, translate
 from inferix.client.types import (
     Event,
     PromptChange,
@@ -28,8 +30,14 @@ class AsyncInteraction:
     """An open Interact stream: iterate `events()`, send commands; applied at block boundaries."""
 
     def __init__(
-        self, stub: scheduler_pb2_grpc.SchedulerServiceStub, session_id: str, from_block: int, md: tuple
+        self,
+        stub: scheduler_pb2_grpc.SchedulerServiceStub,
+        session_id: str,
+        from_block: int,
+        md: tuple,
+        target: Target | None = None,
     ) -> None:
+        self._target = target
         self._outgoing: asyncio.Queue[scheduler_pb2.InteractRequest | None] = asyncio.Queue()
         self._outgoing.put_nowait(
             scheduler_pb2.InteractRequest(attach=scheduler_pb2.Attach(session_id=session_id, from_block=from_block))
@@ -42,8 +50,13 @@ class AsyncInteraction:
 
     async def events(self) -> AsyncIterator[Event]:
         """Events until the session ends (the stream closes then)."""
-        async for response in self._call:
-            yield event_from_proto(response)
+        try:
+            async for response in self._call:
+                yield event_from_proto(response)
+        except grpc.RpcError as exc:
+            if self._target is None:
+                raise
+            raise await asyncio.to_thread(translate, exc, self._target) from None
 
     async def set_prompt(self, text: str, recache: bool = False) -> None:
         await self._outgoing.put(
@@ -77,14 +90,27 @@ class AsyncInteraction:
 
 
 class AsyncClient:
-    """Client of the Scheduler API. Unary calls retry on UNAVAILABLE and carry a deadline."""
+    """Client of the Scheduler API. Unary calls retry on UNAVAILABLE and carry a deadline.
 
-    def __init__(self, address: str = "127.0.0.1:50051", api_key: str | None = None, timeout: float = 30.0) -> None:
-        self.address = address
+    TLS: a `grpcs://host:port` address, `tls=True`, or a `ca` (PEM file or bytes; default: the system's
+    roots). A handshake that fails raises `TlsError` (a `grpc.RpcError`, UNAVAILABLE) saying why.
+    """
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:50051",
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        *,
+        tls: bool | None = None,
+        ca: Path | str | bytes | None = None,
+    ) -> None:
+        self.target = resolve(address, tls, ca)
+        self.address = self.target.address
         self.timeout = timeout
         self._metadata = metadata(api_key)
         # The interceptors propagate the caller's trace context (a no-op without a tracer provider).
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS, interceptors=client_interceptors())
+        self._channel = aio_channel(self.target, client_interceptors())
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
 
     async def create_session(
@@ -119,30 +145,31 @@ class AsyncClient:
             rtmp=rtmp,
             image=image,
         )
-        reply = await self._stub.CreateSession(
-            scheduler_pb2.CreateSessionRequest(spec=spec), timeout=self.timeout, metadata=self._metadata
-        )
+        reply = await self._unary(self._stub.CreateSession, scheduler_pb2.CreateSessionRequest(spec=spec))
         return SessionInfo.from_proto(reply.session)
 
     async def get_session(self, session_id: str) -> SessionInfo:
-        reply = await self._stub.GetSession(
-            scheduler_pb2.GetSessionRequest(session_id=session_id), timeout=self.timeout, metadata=self._metadata
-        )
+        reply = await self._unary(self._stub.GetSession, scheduler_pb2.GetSessionRequest(session_id=session_id))
         return SessionInfo.from_proto(reply.session)
 
     async def list_sessions(self, states: list[str] | None = None) -> list[SessionInfo]:
         request = scheduler_pb2.ListSessionsRequest(states=[state_value(s) for s in states or []])  # type: ignore[misc]
-        reply = await self._stub.ListSessions(request, timeout=self.timeout, metadata=self._metadata)
+        reply = await self._unary(self._stub.ListSessions, request)
         return [SessionInfo.from_proto(s) for s in reply.sessions]
 
     async def cancel_session(self, session_id: str) -> SessionInfo:
-        reply = await self._stub.CancelSession(
-            scheduler_pb2.CancelSessionRequest(session_id=session_id), timeout=self.timeout, metadata=self._metadata
-        )
+        reply = await self._unary(self._stub.CancelSession, scheduler_pb2.CancelSessionRequest(session_id=session_id))
         return SessionInfo.from_proto(reply.session)
 
     def interact(self, session_id: str, from_block: int = 0) -> AsyncInteraction:
-        return AsyncInteraction(self._stub, session_id, from_block, self._metadata)
+        return AsyncInteraction(self._stub, session_id, from_block, self._metadata, self.target)
+
+    async def _unary(self, method: Any, request: Any) -> Any:
+        """One unary call with the deadline and credentials; a TLS failure becomes a `TlsError`."""
+        try:
+            return await method(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise await asyncio.to_thread(translate, exc, self.target) from None
 
     async def events(
         self, session_id: str, from_block: int = 0, reconnect: ReconnectPolicy | None = None

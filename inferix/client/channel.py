@@ -1,8 +1,12 @@
-"""Channel options shared by the sync and async clients: retries on UNAVAILABLE, large messages."""
+"""Channels of the sync and async clients: retries on UNAVAILABLE, large messages, TLS when asked."""
 
 from __future__ import annotations
 
 import json
+
+import grpc
+
+from inferix.client.tls import Target
 
 RETRY_SERVICE_CONFIG = json.dumps(
     {
@@ -26,6 +30,20 @@ CHANNEL_OPTIONS = [
     ("grpc.service_config", RETRY_SERVICE_CONFIG),
     ("grpc.max_receive_message_length", 64 * 2**20),
 ]
+
+
+def sync_channel(target: Target) -> grpc.Channel:
+    if target.tls:
+        return grpc.secure_channel(target.address, target.credentials(), options=CHANNEL_OPTIONS)
+    return grpc.insecure_channel(target.address, options=CHANNEL_OPTIONS)
+
+
+def aio_channel(target: Target, interceptors: list[grpc.aio.ClientInterceptor]) -> grpc.aio.Channel:
+    if target.tls:
+        return grpc.aio.secure_channel(
+            target.address, target.credentials(), options=CHANNEL_OPTIONS, interceptors=interceptors
+        )
+    return grpc.aio.insecure_channel(target.address, options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 
 def metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:

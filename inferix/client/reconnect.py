@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from inferix.client.tls import TlsError
 from inferix.client.types import BlockDone, Event, StateChanged
 
 # What a scheduler going away looks like to a stream (refused connection, reset, or cancelled at shutdown).
@@ -54,6 +55,8 @@ class EventCursor:
 
     def retry_after(self, error: grpc.RpcError) -> float | None:
         """Seconds to wait before re-attaching after `error`, or None to give up (re-raise it)."""
+        if isinstance(error, TlsError):
+            return None  # a misconfiguration, not a restart: retrying cannot help
         code = error.code() if hasattr(error, "code") else None
         if code not in RECONNECTABLE or self.policy.reconnect_s <= 0:
             return None

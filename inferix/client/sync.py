@@ -7,12 +7,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
 
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
-from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address
+from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address, sync_channel
 from inferix.client.reconnect import EventCursor, ReconnectPolicy
+from inferix.client.tls import Target, resolve, translate
 from inferix.client.types import (
     Event,
     PromptChange,
@@ -29,8 +31,14 @@ class Interaction:
     """An open Interact stream (blocking): iterate `events()`; commands may come from any thread."""
 
     def __init__(
-        self, stub: scheduler_pb2_grpc.SchedulerServiceStub, session_id: str, from_block: int, md: tuple
+        self,
+        stub: scheduler_pb2_grpc.SchedulerServiceStub,
+        session_id: str,
+        from_block: int,
+        md: tuple,
+        target: Target | None = None,
     ) -> None:
+        self._target = target
         self._outgoing: queue.Queue[scheduler_pb2.InteractRequest | None] = queue.Queue()
         self._outgoing.put(
             scheduler_pb2.InteractRequest(attach=scheduler_pb2.Attach(session_id=session_id, from_block=from_block))
@@ -38,8 +46,13 @@ class Interaction:
         self._call = stub.Interact(iter(self._outgoing.get, None), metadata=md)
 
     def events(self) -> Iterator[Event]:
-        for response in self._call:
-            yield event_from_proto(response)
+        try:
+            for response in self._call:
+                yield event_from_proto(response)
+        except grpc.RpcError as exc:
+            if self._target is None:
+                raise
+            raise translate(exc, self._target) from None
 
     def set_prompt(self, text: str, recache: bool = False) -> None:
         self._outgoing.put(
@@ -73,13 +86,26 @@ class Interaction:
 
 
 class Client:
-    """Blocking client of the Scheduler API. Unary calls retry on UNAVAILABLE and carry a deadline."""
+    """Blocking client of the Scheduler API. Unary calls retry on UNAVAILABLE and carry a deadline.
 
-    def __init__(self, address: str = "127.0.0.1:50051", api_key: str | None = None, timeout: float = 30.0) -> None:
-        self.address = address
+    TLS: a `grpcs://host:port` address, `tls=True`, or a `ca` (PEM file or bytes; default: the system's
+    roots). A handshake that fails raises `TlsError` (a `grpc.RpcError`, UNAVAILABLE) saying why.
+    """
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:50051",
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        *,
+        tls: bool | None = None,
+        ca: Path | str | bytes | None = None,
+    ) -> None:
+        self.target = resolve(address, tls, ca)
+        self.address = self.target.address
         self.timeout = timeout
         self._metadata = metadata(api_key)
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = sync_channel(self.target)
         # Propagates the caller's trace context (a no-op without a tracer provider).
         traced = grpc.intercept_channel(self._channel, TraceContextInterceptor())
         self._stub = scheduler_pb2_grpc.SchedulerServiceStub(traced)
@@ -116,30 +142,31 @@ class Client:
             rtmp=rtmp,
             image=image,
         )
-        reply = self._stub.CreateSession(
-            scheduler_pb2.CreateSessionRequest(spec=spec), timeout=self.timeout, metadata=self._metadata
-        )
+        reply = self._unary(self._stub.CreateSession, scheduler_pb2.CreateSessionRequest(spec=spec))
         return SessionInfo.from_proto(reply.session)
 
     def get_session(self, session_id: str) -> SessionInfo:
-        reply = self._stub.GetSession(
-            scheduler_pb2.GetSessionRequest(session_id=session_id), timeout=self.timeout, metadata=self._metadata
-        )
+        reply = self._unary(self._stub.GetSession, scheduler_pb2.GetSessionRequest(session_id=session_id))
         return SessionInfo.from_proto(reply.session)
 
     def list_sessions(self, states: list[str] | None = None) -> list[SessionInfo]:
         request = scheduler_pb2.ListSessionsRequest(states=[state_value(s) for s in states or []])  # type: ignore[misc]
-        reply = self._stub.ListSessions(request, timeout=self.timeout, metadata=self._metadata)
+        reply = self._unary(self._stub.ListSessions, request)
         return [SessionInfo.from_proto(s) for s in reply.sessions]
 
     def cancel_session(self, session_id: str) -> SessionInfo:
-        reply = self._stub.CancelSession(
-            scheduler_pb2.CancelSessionRequest(session_id=session_id), timeout=self.timeout, metadata=self._metadata
-        )
+        reply = self._unary(self._stub.CancelSession, scheduler_pb2.CancelSessionRequest(session_id=session_id))
         return SessionInfo.from_proto(reply.session)
 
     def interact(self, session_id: str, from_block: int = 0) -> Interaction:
-        return Interaction(self._stub, session_id, from_block, self._metadata)
+        return Interaction(self._stub, session_id, from_block, self._metadata, self.target)
+
+    def _unary(self, method: Any, request: Any) -> Any:
+        """One unary call with the deadline and credentials; a TLS failure becomes a `TlsError`."""
+        try:
+            return method(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise translate(exc, self.target) from None
 
     def events(self, session_id: str, from_block: int = 0, reconnect: ReconnectPolicy | None = None) -> Iterator[Event]:
         """Watch a session: every event from `from_block` until it ends. If the scheduler restarts,

@@ -179,6 +179,7 @@ class StartingService:
     timeout: float
     deadline: float
     timed_out: bool = False  # it did not listen within `timeout` and was killed
+    host: str = "127.0.0.1"  # the address it binds
 
     @property
     def pid(self) -> int:
@@ -200,6 +201,7 @@ class StartingService:
                 int(ports["grpc"]),
                 ports.get("metrics"),
                 self.log_path,
+                host=self.host,
                 serving_pid=serving,
                 ports=ports,
                 ranks=ranks,
@@ -257,8 +259,10 @@ def launch_service(
     port: int = 0,
     metrics_port: int = 0,
     append_log: bool = False,
+    host: str = "127.0.0.1",
 ) -> StartingService:
-    """Start `python -m module args --port PORT --port-file ...` (0 = any port) without waiting for it.
+    """Start `python -m module args --host HOST --port PORT --port-file ...` (0 = any port) without waiting
+    for it.
 
     Its output goes to `workdir/<name>.log`: a new file, or appended to (`append_log`, a restart:
     the previous run's output stays readable).
@@ -273,7 +277,7 @@ def launch_service(
         module,
         *args,
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--port-file",
@@ -285,7 +289,7 @@ def launch_service(
         process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
         )
-    return StartingService(name, process, port_file, log_path, timeout, time.monotonic() + timeout)
+    return StartingService(name, process, port_file, log_path, timeout, time.monotonic() + timeout, host=host)
 
 
 def start_service(

@@ -11,6 +11,11 @@ scheduler on their gRPC ports (and the streamer's HTTP port), nginx on its RTMP 
 its worker id (it registers its new address with kvcache_svc); metrics ports stay too, and logs are
 appended to. Nothing here restarts on its own: `inferix serve` opts in with inferix/mesh/supervisor.py.
 
+TLS (`tls_cert`, `tls_key`): the scheduler serves its client port with TLS (and may bind `scheduler_host`,
+e.g. a LAN address); the mesh's own services keep reaching it in plaintext on its internal port, on
+127.0.0.1 (see inferix/server.py). Once it listens, the mesh checks that the TLS port serves the given
+certificate and that the scheduler answers its health check.
+
 Live outputs: the streamer serves the viewer page (WebRTC) on its HTTP port, and the scheduler and
 streamer share a fresh viewer secret (INFERIX_VIEWER_SECRET) to sign and check viewer tokens. When
 nginx with the RTMP module is installed, a local RTMP server is started too (config generated in
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import secrets
+import socket
+import ssl
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +35,7 @@ from pathlib import Path
 import grpc
 
 from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc
+from inferix.health import check
 from inferix.mesh.launch import ServiceProcess, ServiceStartError, StartingService, launch_service
 from inferix.mesh.rtmp_relay import NginxRtmp, nginx_rtmp_missing, start_nginx_rtmp
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
@@ -70,6 +78,14 @@ class MeshConfig:
     http_port: int = 0  # the streamer's viewer page / WHEP port (0 = any free port)
     # RTMP server: "auto" = start local nginx-rtmp when installed, "off", or an RTMP application URL to push to.
     rtmp: str = "auto"
+    # The scheduler's client port: the address it binds, and TLS with this certificate chain and key (PEM).
+    scheduler_host: str = "127.0.0.1"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
 
 @dataclass
@@ -86,7 +102,15 @@ class Mesh:
 
     @property
     def address(self) -> str:
-        return self.scheduler.address
+        """The scheduler's address for clients (`grpcs://host:port` with TLS)."""
+        address = f"{_reachable(self.scheduler.host)}:{self.scheduler.port}"
+        return f"grpcs://{address}" if self.config.tls else address
+
+    @property
+    def internal_address(self) -> str:
+        """Where the mesh's own services reach the scheduler (plaintext: its internal port with TLS)."""
+        internal = self.scheduler.ports.get("internal")
+        return f"127.0.0.1:{internal}" if internal else self.scheduler.address
 
     def processes(self) -> list[ServiceProcess]:
         """The gRPC services."""
@@ -184,8 +208,9 @@ def _launch(
     metrics_port: int,
     append_log: bool,
     timeout: float = 60.0,
+    host: str = "127.0.0.1",
 ) -> StartingService:
-    """One of the mesh's services on `port` (0 = any), with the mesh's environment and metrics."""
+    """One of the mesh's services on `host:port` (0 = any port), with the mesh's environment and metrics."""
     return launch_service(
         name,
         module,
@@ -197,6 +222,7 @@ def _launch(
         port=port,
         metrics_port=metrics_port,
         append_log=append_log,
+        host=host,
     )
 
 
@@ -242,7 +268,45 @@ def _launch_scheduler(
         args += ["--rtmp-play-url", rtmp_url]
     if config.api_keys_file is not None:
         args += ["--api-keys-file", str(config.api_keys_file)]
-    return _launch(config, "scheduler", "scheduler", args, port, metrics_port, append_log)
+    if config.tls_cert is not None and config.tls_key is not None:
+        args += ["--tls-cert", str(config.tls_cert), "--tls-key", str(config.tls_key), "--internal-host", "127.0.0.1"]
+    return _launch(config, "scheduler", "scheduler", args, port, metrics_port, append_log, host=config.scheduler_host)
+
+
+def _check_scheduler(config: MeshConfig, scheduler: ServiceProcess, internal_address: str) -> None:
+    """The scheduler answers its health check (on its internal port with TLS) and, with TLS, its client port
+    completes a handshake with the configured certificate."""
+    serving, status = check(internal_address, "inferix.v1.SchedulerService", timeout=10)
+    if not serving:
+        raise ServiceStartError(f"scheduler is not serving ({status}); its log: {scheduler.log_path}")
+    if config.tls_cert is None:
+        return
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # which CA signed it is the clients' business; the file is what counts
+    try:
+        with (
+            socket.create_connection((_reachable(scheduler.host), scheduler.port), timeout=10) as raw,
+            context.wrap_socket(raw) as tls,
+        ):
+            served = tls.getpeercert(binary_form=True)
+    except OSError as exc:
+        raise ServiceStartError(f"scheduler: no TLS handshake on {scheduler.address}: {exc}") from exc
+    if served != _first_certificate(config.tls_cert):
+        raise ServiceStartError(f"scheduler on {scheduler.address} does not serve the certificate {config.tls_cert}")
+
+
+def _reachable(host: str) -> str:
+    """An address on this machine to reach a server bound to `host` (a wildcard: the loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _first_certificate(path: Path) -> bytes:
+    """The DER of the first certificate in a PEM file (the server's own, before its chain)."""
+    text = path.read_text()
+    start = text.index(ssl.PEM_HEADER)
+    end = text.index(ssl.PEM_FOOTER, start) + len(ssl.PEM_FOOTER)
+    return ssl.PEM_cert_to_DER_cert(text[start:end])
 
 
 def _rtmp(config: MeshConfig) -> tuple[NginxRtmp | None, str, str]:
@@ -309,8 +373,11 @@ def start_mesh(config: MeshConfig) -> Mesh:
         scheduler = _launch_scheduler(
             config, kvcache.address, streamer.address, viewer_url, rtmp_url, config.scheduler_port
         ).wait()
+        started.append(scheduler)
+        mesh = Mesh(config, kvcache, streamer, workers, scheduler, rtmp_server, rtmp_url, rtmp_note, viewer_url)
+        _check_scheduler(config, scheduler, mesh.internal_address)
         _wait_registered(config, kvcache, workers)
-        return Mesh(config, kvcache, streamer, workers, scheduler, rtmp_server, rtmp_url, rtmp_note, viewer_url)
+        return mesh
     except BaseException:
         for process in reversed(started):
             process.stop()

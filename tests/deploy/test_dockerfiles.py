@@ -95,7 +95,8 @@ def test_dockerfile_conventions(dockerfile: Path) -> None:
         assert entrypoint[1] == "-m" and importlib.util.find_spec(f"{entrypoint[2]}.__main__") is not None
         healthcheck = next(args for keyword, args in steps if keyword == "HEALTHCHECK")
         exposed = next(args for keyword, args in steps if keyword == "EXPOSE")
-        assert f'"inferix.health", "127.0.0.1:{exposed}"' in healthcheck, f"{name}: probe the exposed gRPC port"
+        probes = (f'"inferix.health", "127.0.0.1:{exposed}"', f"inferix.health 127.0.0.1:{exposed}")
+        assert any(p in healthcheck for p in probes), f"{name}: probe the exposed gRPC port"
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:

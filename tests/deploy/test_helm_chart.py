@@ -479,3 +479,95 @@ def test_a_rolling_update_never_runs_two_schedulers(render: Render) -> None:
     assert scheduler["spec"]["replicas"] == 1
     (container,) = containers(scheduler)
     assert any(e["name"] == "INFERIX_REDIS_URL" for e in container["env"])  # sessions outlive the pod
+
+
+# ---- TLS on the scheduler's client port ------------------------------------------------------------
+
+TLS_POD = "ci/tls-pod-values.yaml"
+TLS_INGRESS = "ci/tls-ingress-values.yaml"
+
+
+def _env(container: dict[str, Any]) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def _parse(module: str, argv: list[str]) -> dict[str, Any]:
+    """The module's own parser on `argv` (tests/deploy/parse_cli.py)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.deploy.parse_cli"],
+        input=json.dumps([{"module": module, "argv": argv, "env": {}}]),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    (parsed,) = json.loads(result.stdout)
+    assert parsed["ok"], parsed["error"]
+    return dict(parsed["args"])
+
+
+def test_tls_in_the_pod(render: Render) -> None:
+    """mode pod: the scheduler serves TLS from the mounted Secret; the streamer and the kubelet's probes use
+    its plaintext internal port, behind a ClusterIP Service the LoadBalancer never exposes."""
+    manifests = render(TLS_POD)
+    deployment = find(manifests, "Deployment", "-scheduler")
+    (scheduler,) = containers(deployment)
+    module, argv = _entry_point(scheduler)
+    args = _parse(module, argv)
+    assert (args["tls_cert"], args["tls_key"]) == ("/etc/inferix/tls/tls.crt", "/etc/inferix/tls/tls.key")
+    assert (args["internal_host"], args["internal_port"]) == ("0.0.0.0", "50055")
+    # The whole Secret is mounted (no subPath), so the kubelet updates the files when the Secret changes.
+    (mount,) = [m for m in scheduler["volumeMounts"] if m["name"] == "tls"]
+    assert mount == {"name": "tls", "mountPath": "/etc/inferix/tls", "readOnly": True}
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    assert volume["secret"]["secretName"] == "inferix-scheduler-tls"
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert scheduler[probe]["grpc"]["port"] == 50055, probe  # Kubernetes' gRPC probes speak plaintext
+    public = find(manifests, "Service", "-scheduler")
+    assert public["spec"]["type"] == "LoadBalancer" and [p["port"] for p in public["spec"]["ports"]] == [50051]
+    internal = find(manifests, "Service", "-scheduler-internal")
+    assert internal["spec"]["type"] == "ClusterIP" and [p["port"] for p in internal["spec"]["ports"]] == [50055]
+    (streamer,) = containers(find(manifests, "Deployment", "-streamer"))
+    assert _env(streamer)["INFERIX_SCHEDULER_ADDRESS"] == "inferix-scheduler-internal:50055"
+    assert _env(scheduler)["INFERIX_SCHEDULER_ADVERTISE_ADDRESS"] == "inferix-scheduler-internal:50055"
+    policy = find(manifests, "NetworkPolicy", "-scheduler")
+    assert _allowed(policy, 50051) == ["*"]  # clients, over TLS
+    assert _components(_allowed(policy, 50055)) == {"streamer"}  # the plaintext port: the streamer only
+    assert not [m for m in manifests if m["kind"] == "Ingress"]
+
+
+def test_tls_at_the_ingress(render: Render) -> None:
+    """mode ingress: the Ingress terminates TLS and speaks gRPC to the scheduler, which serves plaintext."""
+    manifests = render(TLS_INGRESS)
+    ingress = find(manifests, "Ingress", "-scheduler")
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPC"
+    assert annotations["cert-manager.io/cluster-issuer"] == "letsencrypt"  # the user's, added to the defaults
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == [{"hosts": ["api.inferix.example.com"], "secretName": "inferix-api-tls"}]
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "api.inferix.example.com"
+    assert rule["http"]["paths"][0]["backend"]["service"] == {"name": "inferix-scheduler", "port": {"name": "grpc"}}
+    (scheduler,) = containers(find(manifests, "Deployment", "-scheduler"))
+    assert flag(scheduler, "tls-cert") is None and flag(scheduler, "internal-port") is None
+    assert not [m for m in manifests if m["metadata"]["name"].endswith("-scheduler-internal")]
+    # Off by default: no TLS flags, no scheduler Ingress.
+    (plain,) = containers(find(render(), "Deployment", "-scheduler"))
+    assert flag(plain, "tls-cert") is None
+    assert not [m for m in render() if m["kind"] == "Ingress"]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ("scheduler: {tls: {mode: pod}}", "/scheduler/tls"),
+        ("scheduler: {tls: {mode: ingress, secretName: api-tls}}", "/scheduler/tls/ingress"),
+        ("scheduler: {tls: {mode: tls}}", "/scheduler/tls/mode"),
+    ],
+)
+def test_tls_values_are_checked(tmp_path: Path, values: str, message: str) -> None:
+    broken = tmp_path / "tls.yaml"
+    broken.write_text(values)
+    lint = check_helm.lint([broken])
+    assert lint.returncode != 0 and message in lint.stdout + lint.stderr, lint.stdout + lint.stderr

@@ -61,8 +61,13 @@ app.kubernetes.io/part-of: inferix
 {{- end }}
 
 {{/* In-cluster addresses (host:port) of the services. */}}
+{{/* Where the mesh's own services reach the scheduler (plaintext): its internal Service when it serves TLS. */}}
 {{- define "inferix.schedulerAddress" -}}
+{{- if eq .Values.scheduler.tls.mode "pod" -}}
+{{ include "inferix.fullname" . }}-scheduler-internal:{{ .Values.scheduler.tls.internalPort }}
+{{- else -}}
 {{ include "inferix.fullname" . }}-scheduler:{{ .Values.scheduler.service.port }}
+{{- end }}
 {{- end }}
 {{- define "inferix.kvcacheAddress" -}}
 {{ include "inferix.fullname" . }}-kvcache:{{ .Values.kvcache.service.port }}
