@@ -4,6 +4,9 @@ Besides gRPC (and metrics) the streamer serves HTTP (`--http-port`): the viewer 
 page's JSON API. Its port goes into the port file as "http", next to "grpc" and "metrics": the
 gRPC bootstrap writes its file to a side path, and once HTTP listens the full file is written
 atomically where `--port-file` says, so a launcher that sees the file sees every port.
+
+`--tls-cert/--tls-key` make the HTTP server HTTPS (re-read when the files change). The gRPC port
+(frames from workers, the scheduler link, recordings) stays plaintext: it is the mesh's internal port.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from inferix.server import Registration, ServerOptions, add_server_arguments, ru
 from inferix.viewer_token import SECRET_ENV, ViewerTokens, load_viewer_tokens
 from streamer.control import SchedulerControl
 from streamer.encoder import ENCODER_CHOICES, LIBX264, resolve_encoder
+from streamer.limits import HttpLimits
 from streamer.link import LinkHub
 from streamer.live import LiveConfig
 from streamer.pacing import PacingConfig, UnderrunPolicy
 from streamer.rtmp import RtmpConfig
 from streamer.service import StreamerConfig, StreamerService, register
+from streamer.tls import ReloadingTls
 from streamer.web import ViewerServer
 
 
@@ -104,8 +109,96 @@ def _parser() -> argparse.ArgumentParser:
         default=60.0,
         help="seconds of video the live outputs may hold ahead; beyond it they skip to a keyframe",
     )
-    live.add_argument("--max-viewers", type=int, default=16, help="WebRTC viewers per session (default 16)")
+    live.add_argument(
+        "--max-viewers",
+        type=int,
+        default=int(env("INFERIX_STREAMER_MAX_VIEWERS", "16")),
+        help="WebRTC viewers per session; one more is refused with 503 (env INFERIX_STREAMER_MAX_VIEWERS; "
+        "default %(default)s)",
+    )
+    _add_http_arguments(parser)
     return parser
+
+
+def _add_http_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    group = parser.add_argument_group("HTTPS and limits of the HTTP server (the gRPC port stays plaintext)")
+    cert, key = env("INFERIX_STREAMER_TLS_CERT"), env("INFERIX_STREAMER_TLS_KEY")
+    group.add_argument(
+        "--tls-cert",
+        dest="http_tls_cert",  # not ServerOptions' tls_cert: the gRPC port is internal and stays plaintext
+        metavar="FILE",
+        type=Path,
+        default=Path(cert) if cert else None,
+        help="PEM certificate chain: serve the viewer page, WHEP and the page API over HTTPS "
+        "(re-read when the file changes; env INFERIX_STREAMER_TLS_CERT)",
+    )
+    group.add_argument(
+        "--tls-key",
+        dest="http_tls_key",
+        metavar="FILE",
+        type=Path,
+        default=Path(key) if key else None,
+        help="PEM private key of --tls-cert (re-read with it; env INFERIX_STREAMER_TLS_KEY)",
+    )
+    defaults = HttpLimits()
+    group.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=int(env("INFERIX_STREAMER_MAX_BODY_BYTES", str(defaults.max_body_bytes))),
+        help="largest request body (SDP offer, command) accepted; larger is 413 "
+        "(env INFERIX_STREAMER_MAX_BODY_BYTES; default %(default)s)",
+    )
+    group.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=float(env("INFERIX_STREAMER_BODY_TIMEOUT_S", str(defaults.body_timeout_s))),
+        help="seconds a client has to send a request body; slower is 408 "
+        "(env INFERIX_STREAMER_BODY_TIMEOUT_S; default %(default)g)",
+    )
+    group.add_argument(
+        "--commands-per-s",
+        type=float,
+        default=float(env("INFERIX_STREAMER_COMMANDS_PER_S", str(defaults.commands_per_s))),
+        help="page API commands per second per session and viewer token (bursts of as many); more is 429 "
+        "(env INFERIX_STREAMER_COMMANDS_PER_S; default %(default)g)",
+    )
+    group.add_argument(
+        "--offers-per-s",
+        type=float,
+        default=float(env("INFERIX_STREAMER_OFFERS_PER_S", str(defaults.offers_per_s))),
+        help="WHEP offers per second per session and viewer token; more is 429 "
+        "(env INFERIX_STREAMER_OFFERS_PER_S; default %(default)g)",
+    )
+
+
+def _http_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[HttpLimits, ReloadingTls | None]:
+    """The HTTP server's limits and TLS from the flags; parser.error on a bad value."""
+    if args.max_body_bytes < 1024:
+        parser.error("--max-body-bytes must be at least 1024 (an SDP offer is a few KiB)")
+    for flag, value in (
+        ("--body-timeout-s", args.body_timeout_s),
+        ("--commands-per-s", args.commands_per_s),
+        ("--offers-per-s", args.offers_per_s),
+    ):
+        if not value > 0:
+            parser.error(f"{flag} must be positive, got {value:g}")
+    limits = HttpLimits(args.max_body_bytes, args.body_timeout_s, args.commands_per_s, args.offers_per_s)
+    if (args.http_tls_cert is None) != (args.http_tls_key is None):
+        parser.error("--tls-cert and --tls-key go together (a certificate and its private key)")
+    tls = ReloadingTls(args.http_tls_cert, args.http_tls_key) if args.http_tls_cert is not None else None
+    return limits, tls
+
+
+@dataclass(frozen=True)
+class _HttpSettings:
+    """The HTTP server's configuration from the flags."""
+
+    tokens: ViewerTokens | None
+    limits: HttpLimits
+    tls: ReloadingTls | None
+    port: int  # -1 = off
+    port_file: Path | None  # where the launcher waits for {"grpc", "metrics", "http"}
 
 
 @dataclass
@@ -114,11 +207,9 @@ class _HttpFront:
 
     service: StreamerService
     control: SchedulerControl
-    tokens: ViewerTokens | None
+    http: _HttpSettings
     host: str
-    http_port: int
     grpc_port_file: Path | None  # where run_server wrote {"grpc", "metrics"}
-    port_file: Path | None  # where the launcher waits for {"grpc", "metrics", "http"}
     server: ViewerServer | None = None
 
     async def start(self, grpc_port: int) -> None:
@@ -126,18 +217,17 @@ class _HttpFront:
         if self.grpc_port_file is not None:
             ports.update(json.loads(self.grpc_port_file.read_text()))
             self.grpc_port_file.unlink()
-        if self.http_port >= 0:
-            self.server = ViewerServer(self.service.live, self.control, self.tokens)
+        http = self.http
+        if http.port >= 0:
+            self.server = ViewerServer(self.service.live, self.control, http.tokens, http.limits, http.tls)
             try:
-                ports["http"] = await self.server.start(self.host, self.http_port)
+                ports["http"] = await self.server.start(self.host, http.port)
             except OSError as exc:
-                raise SystemExit(
-                    f"streamer: cannot serve HTTP on {self.host}:{self.http_port}: {exc.strerror}"
-                ) from exc
-        if self.port_file is not None:
-            tmp = self.port_file.with_suffix(".tmp")
+                raise SystemExit(f"streamer: cannot serve HTTP on {self.host}:{http.port}: {exc.strerror}") from exc
+        if http.port_file is not None:
+            tmp = http.port_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(ports))
-            tmp.replace(self.port_file)
+            tmp.replace(http.port_file)
 
     async def drain(self) -> None:
         await self.service.drain()
@@ -168,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         tokens = load_viewer_tokens(args.viewer_secret_file)
     except UserError as exc:
         parser.error(str(exc))
+    limits, tls = _http_options(parser, args)
     pacing = PacingConfig(args.jitter_buffer_ms / 1e3, UnderrunPolicy(args.underrun_policy), args.max_backlog_s)
     live = LiveConfig(pacing, RtmpConfig(args.rtmp_url) if args.rtmp_url else None, args.max_viewers)
     config = StreamerConfig(data_dir=data_dir.resolve(), codec=codec, queue_frames=args.queue_frames, live=live)
@@ -177,20 +268,19 @@ def main(argv: list[str] | None = None) -> None:
     port_file = options.port_file
     if port_file is not None:
         options.port_file = port_file.with_name(port_file.name + ".grpc")
-    asyncio.run(_serve(config, options, tokens, args.scheduler, args.http_port, port_file))
+    http = _HttpSettings(tokens, limits, tls, args.http_port, port_file)
+    asyncio.run(_serve(config, options, args.scheduler, http))
 
 
 async def _serve(
     config: StreamerConfig,
     options: ServerOptions,
-    tokens: ViewerTokens | None,
     scheduler: str,
-    http_port: int,
-    port_file: Path | None,
+    http: _HttpSettings,
 ) -> None:
     control = SchedulerControl(scheduler, fixed=bool(scheduler))
     service = StreamerService(config, LinkHub(control))
-    front = _HttpFront(service, control, tokens, options.host, http_port, options.port_file, port_file)
+    front = _HttpFront(service, control, http, options.host, options.port_file)
 
     def setup(server: grpc.aio.Server) -> Registration:
         registration = register(server, service)

@@ -15,10 +15,16 @@ moment for the scheduler's announcement), a WHEP offer for a session whose video
 a malformed SDP offer is 400 with the reason, a malformed command body 400 naming the field. A
 command the scheduler refuses answers its error with the matching status (400 invalid, 429 too many,
 409 the session ended). The page and its script are static files.
+
+Hostile clients get bounded, named refusals (`streamer.limits.HttpLimits`): a body over --max-body-bytes
+is 413, one not sent within --body-timeout-s 408, more than --commands-per-s commands or --offers-per-s
+WHEP offers per session and token 429, a WHEP offer beyond --max-viewers 503. With --tls-cert/--tls-key
+the server speaks HTTPS only, following rotated files (`streamer.tls`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -30,13 +36,14 @@ from aiohttp import web
 from inferix.viewer_token import InvalidViewerToken, ViewerTokens, bearer_token
 from streamer.control import ControlError, SchedulerControl
 from streamer.ingest import valid_session_id
+from streamer.limits import COMMANDS, OFFERS, HttpLimits, RateLimiter
 from streamer.live import LiveRegistry, LiveSession
-from streamer.webrtc import BadOffer, TooManyViewers
+from streamer.tls import ReloadingTls
+from streamer.webrtc import BadOffer, TooManyViewers, parse_offer
 
 log = logging.getLogger("inferix.streamer.web")
 
 ANNOUNCE_WAIT_S = 1.0  # a page may open a session a moment before the scheduler's announcement lands
-_MAX_OFFER_BYTES = 64 * 1024
 # An action body's limits: far above any model's schema, low enough to keep a bad page from sending junk.
 MAX_ACTION_KEYS = 16
 MAX_KEY_CHARS = 32
@@ -100,9 +107,25 @@ def _finite(value: object) -> bool:
         return False
 
 
-async def _json_body(request: web.Request, example: str) -> object:
+async def read_body(request: web.Request, limits: HttpLimits) -> bytes:
+    """The request body within the size and time limits; HttpError(413 / 408) naming the limit."""
+    too_large = HttpError(413, f"the request body is larger than {limits.max_body_bytes} bytes (--max-body-bytes)")
+    if (request.content_length or 0) > limits.max_body_bytes:
+        raise too_large  # refused before a byte of it is read
     try:
-        return await request.json()
+        async with asyncio.timeout(limits.body_timeout_s):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:  # no or a false Content-Length: aiohttp stops at the limit
+        raise too_large from exc
+    except TimeoutError as exc:
+        raise HttpError(
+            408, f"the request body was not sent within {limits.body_timeout_s:g} s (--body-timeout-s)"
+        ) from exc
+
+
+async def _json_body(request: web.Request, limits: HttpLimits, example: str) -> object:
+    try:
+        return json.loads(await read_body(request, limits))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise HttpError(400, f"the body must be JSON {example}: {exc}") from exc
 
@@ -114,11 +137,21 @@ def _asset(name: str) -> bytes:
 class ViewerServer:
     """The aiohttp application over the live registry and the scheduler control."""
 
-    def __init__(self, registry: LiveRegistry, control: SchedulerControl, tokens: ViewerTokens | None) -> None:
+    def __init__(
+        self,
+        registry: LiveRegistry,
+        control: SchedulerControl,
+        tokens: ViewerTokens | None,
+        limits: HttpLimits | None = None,
+        tls: ReloadingTls | None = None,
+    ) -> None:
         self.registry = registry
         self.control = control
         self.tokens = tokens
-        self.app = web.Application(client_max_size=_MAX_OFFER_BYTES, middlewares=[self._errors])
+        self.limits = limits or HttpLimits()
+        self.tls = tls
+        self.rates = RateLimiter(self.limits)
+        self.app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self._errors])
         self.app.add_routes(
             [
                 web.get("/healthz", self._health),
@@ -140,9 +173,11 @@ class ViewerServer:
         """Listen on host:port (0 = any free port); returns the bound port."""
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
+        context = self.tls.context if self.tls is not None else None
+        await web.TCPSite(self._runner, host, port, ssl_context=context).start()
         self.port = int(self._runner.addresses[0][1])
-        log.info("viewer page and WHEP on http://%s:%d/watch/<session>", host, self.port)
+        scheme = "https" if context is not None else "http"
+        log.info("viewer page and WHEP on %s://%s:%d/watch/<session>", scheme, host, self.port)
         return self.port
 
     async def stop(self) -> None:
@@ -179,6 +214,13 @@ class ViewerServer:
             raise HttpError(403, str(exc)) from exc
         return session_id, token
 
+    def _limit_rate(self, kind: str, session_id: str, token: str) -> None:
+        if not self.rates.allow(kind, session_id, token):
+            rate = self.limits.rate(kind)
+            raise HttpError(
+                429, f"too many {kind}: at most {rate:g} per second per viewer link ({self.limits.flag(kind)})"
+            )
+
     async def _live(self, session_id: str) -> LiveSession:
         live = await self.registry.wait_for(session_id, ANNOUNCE_WAIT_S)
         if live is None:
@@ -206,16 +248,21 @@ class ViewerServer:
         return web.Response(status=204)
 
     async def _whep_offer(self, request: web.Request) -> web.Response:
-        session_id, _ = self._authorize(request)
+        session_id, token = self._authorize(request)
         live = await self._live(session_id)
         if live.ended:
             raise HttpError(410, f"session {session_id!r} has ended; its recording is the MP4")
         if request.content_type != "application/sdp":
             raise HttpError(415, f"the offer must be sent as Content-Type: application/sdp, got {request.content_type}")
         try:
-            offer = await request.text()
-        except web.HTTPRequestEntityTooLarge as exc:
-            raise HttpError(413, f"the SDP offer is larger than {_MAX_OFFER_BYTES} bytes") from exc
+            offer = (await read_body(request, self.limits)).decode()
+        except UnicodeDecodeError as exc:
+            raise HttpError(400, f"the SDP offer is not UTF-8 text: {exc}") from exc
+        try:
+            parse_offer(offer)  # a malformed offer is refused before it counts against the rate
+        except BadOffer as exc:
+            raise HttpError(400, str(exc)) from exc
+        self._limit_rate(OFFERS, session_id, token)
         try:
             viewer, answer = await live.hub.add_viewer(offer)
         except BadOffer as exc:
@@ -260,12 +307,13 @@ class ViewerServer:
         keys: tuple[str, ...] = ()
         mouse: tuple[float, ...] = ()
         if command == "prompt":
-            payload = await _json_body(request, '{"text": "..."}')
+            payload = await _json_body(request, self.limits, '{"text": "..."}')
             if not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
                 raise HttpError(400, 'the body must be JSON {"text": "<the new prompt>"}')
             text = payload["text"]
         elif command == "action":
-            keys, mouse = parse_action(await _json_body(request, ACTION_EXAMPLE))
+            keys, mouse = parse_action(await _json_body(request, self.limits, ACTION_EXAMPLE))
+        self._limit_rate(COMMANDS, session_id, token)  # well-formed ones: each would reach the scheduler
         try:
             applies_at = await self.control.command(session_id, token, command, text, keys, mouse)
         except ControlError as exc:

@@ -208,7 +208,7 @@ class ViewerHub:
         """Answer a WHEP offer: returns the new viewer and the SDP answer (ICE candidates included)."""
         parse_offer(offer_sdp)
         if len(self.viewers) >= self.max_viewers:
-            raise TooManyViewers(f"session {self.session_id!r} already has {self.max_viewers} viewers")
+            raise TooManyViewers(f"session {self.session_id!r} already has {self.max_viewers} viewers (--max-viewers)")
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         track = ViewerTrack(H264, self.fps)  # the codec is fixed below, once negotiated
         try:

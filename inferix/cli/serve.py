@@ -51,7 +51,8 @@ def register(subparsers: Any) -> None:
         type=Path,
         default=None,
         help="PEM certificate chain: the scheduler serves its client port with TLS (clients: grpcs://HOST:PORT, "
-        "--ca for a private CA); a replaced file is served without a restart",
+        "--ca for a private CA) and the streamer its viewer page over HTTPS (https:// viewer links); "
+        "a replaced file is served without a restart",
     )
     parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")

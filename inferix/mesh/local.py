@@ -15,6 +15,8 @@ TLS (`tls_cert`, `tls_key`): the scheduler serves its client port with TLS (and 
 e.g. a LAN address); the mesh's own services keep reaching it in plaintext on its internal port, on
 127.0.0.1 (see inferix/server.py). Once it listens, the mesh checks that the TLS port serves the given
 certificate and that the scheduler answers its health check.
+The streamer serves the viewer page, WHEP and the page API over HTTPS with the same pair (viewer links
+are https://); its gRPC port stays plaintext, for the mesh only.
 
 Live outputs: the streamer serves the viewer page (WebRTC) on its HTTP port, and the scheduler and
 streamer share a fresh viewer secret (INFERIX_VIEWER_SECRET) to sign and check viewer tokens. When
@@ -249,6 +251,9 @@ def _launch_streamer(
     args += ["--encoder", "auto"]  # NVENC where an NVIDIA GPU has it, libx264 elsewhere
     if rtmp_url:
         args += ["--rtmp-url", rtmp_url]
+    if config.tls_cert is not None and config.tls_key is not None:
+        # The viewer page is as public as the scheduler's port: HTTPS with the same pair (gRPC stays internal).
+        args += ["--tls-cert", str(config.tls_cert), "--tls-key", str(config.tls_key)]
     return _launch(config, "streamer", "streamer", args, port, metrics_port, append_log)
 
 
@@ -365,7 +370,8 @@ def start_mesh(config: MeshConfig) -> Mesh:
             started.append(rtmp_server.process)
         streamer = _launch_streamer(config, rtmp_url).wait()
         started.append(streamer)
-        viewer_url = f"http://{streamer.host}:{streamer.ports['http']}"
+        scheme = "https" if config.tls else "http"
+        viewer_url = f"{scheme}://{streamer.host}:{streamer.ports['http']}"
         workers = []
         for i in range(config.workers):
             workers.append(_launch_worker(config, f"worker{i}", kvcache.address).wait())

@@ -571,3 +571,53 @@ def test_tls_values_are_checked(tmp_path: Path, values: str, message: str) -> No
     broken.write_text(values)
     lint = check_helm.lint([broken])
     assert lint.returncode != 0 and message in lint.stdout + lint.stderr, lint.stdout + lint.stderr
+
+
+TLS_VIEWER = "ci/tls-viewer-values.yaml"
+
+
+def _parse_env(module: str, argv: list[str], env: dict[str, str | None]) -> dict[str, Any]:
+    """The module's own parser on `argv` with the container's `env` (tests/deploy/parse_cli.py)."""
+    case = {"module": module, "argv": argv, "env": {k: v for k, v in env.items() if v is not None}}
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.deploy.parse_cli"],
+        input=json.dumps([case]),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    (parsed,) = json.loads(result.stdout)
+    assert parsed["ok"], parsed["error"]
+    return dict(parsed["args"])
+
+
+def test_viewer_https_from_a_secret_and_its_limits(render: Render) -> None:
+    """streamer.viewer.tls: the streamer serves its HTTP port over HTTPS from the whole mounted Secret (rotated
+    in place by the kubelet), the Ingress speaks HTTPS to it, viewer links are https://; gRPC stays plaintext."""
+    manifests = render(TLS_VIEWER)
+    deployment = find(manifests, "Deployment", "-streamer")
+    (streamer,) = containers(deployment)
+    module, argv = _entry_point(streamer)
+    args = _parse_env(module, argv, _env(streamer))
+    assert (args["http_tls_cert"], args["http_tls_key"]) == ("/etc/inferix/tls/tls.crt", "/etc/inferix/tls/tls.key")
+    limits = (args["max_body_bytes"], args["body_timeout_s"], args["commands_per_s"], args["offers_per_s"])
+    assert limits == ("32768", "5.0", "20.0", "1.0") and args["max_viewers"] == "4"  # parse_cli: as strings
+    assert "tls_cert" not in args  # the gRPC port's TLS flags are the scheduler's only
+    (mount,) = [m for m in streamer["volumeMounts"] if m["name"] == "tls"]
+    assert mount == {"name": "tls", "mountPath": "/etc/inferix/tls", "readOnly": True}
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    assert volume["secret"]["secretName"] == "inferix-viewer-tls"
+    ports = {p["name"]: p["appProtocol"] for p in find(manifests, "Service", "-streamer")["spec"]["ports"]}
+    assert ports == {"grpc": "grpc", "http": "https"}
+    ingress = find(manifests, "Ingress", "-viewer")
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "HTTPS"
+    (scheduler,) = containers(find(manifests, "Deployment", "-scheduler"))
+    assert _env(scheduler)["INFERIX_VIEWER_PAGE_URL"] == "https://watch.inferix.example.com"
+
+    # Off by default: plain HTTP, the default limits.
+    (plain,) = containers(find(render(), "Deployment", "-streamer"))
+    default = _parse_env(*_entry_point(plain), _env(plain))
+    assert default["http_tls_cert"] is None and "tls" not in {m["name"] for m in plain["volumeMounts"]}
+    assert (default["max_body_bytes"], default["max_viewers"]) == ("65536", "16")

@@ -238,7 +238,7 @@ def test_the_page_sends_held_keys_and_they_apply_at_the_announced_blocks(
 
 def test_a_text_model_page_has_no_play_panel(mesh: Mesh, browser: Browser) -> None:
     with Client(mesh.address, api_key=KEY_A, timeout=60) as client:
-        info = client.create_session("a red ball", num_blocks=8, wait_for_capacity=True)
+        info = client.create_session("a red ball", num_blocks=160, wait_for_capacity=True)
         page = browser.new_page()
         try:
             page.goto(info.viewer_url)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -61,8 +62,16 @@ class Watched:
     location: str
 
 
-async def watch(base: str, session_id: str, codec: str | None, min_frames: int, timeout: float = 15.0) -> Watched:
-    """One aiortc viewer: WHEP offer (optionally offering only `codec`), decode until `min_frames`, hang up."""
+async def watch(
+    base: str,
+    session_id: str,
+    codec: str | None,
+    min_frames: int,
+    timeout: float = 15.0,
+    tls: ssl.SSLContext | None = None,
+) -> Watched:
+    """One aiortc viewer: WHEP offer (optionally offering only `codec`), decode until `min_frames`, hang up;
+    `tls` verifies an https:// `base`."""
     pc = RTCPeerConnection()
     transceiver = pc.addTransceiver("video", direction="recvonly")
     if codec is not None:
@@ -87,7 +96,7 @@ async def watch(base: str, session_id: str, codec: str | None, min_frames: int, 
     pc.on("track", lambda track: asyncio.ensure_future(consume(track)))
     await pc.setLocalDescription(await pc.createOffer())
     headers = {"Authorization": f"Bearer {TOKENS.mint(session_id)}", "Content-Type": "application/sdp"}
-    async with aiohttp.ClientSession() as http:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls or True)) as http:
         async with http.post(f"{base}/whep/{session_id}", data=pc.localDescription.sdp, headers=headers) as reply:
             answer = await reply.text()
             assert reply.status == 201, answer

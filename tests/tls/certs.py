@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
+import shutil
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,3 +101,25 @@ class Authority:
 
 def serial_of(pem: bytes) -> int:
     return x509.load_pem_x509_certificate(pem).serial_number
+
+
+def install_pair(cert: Path, key: Path, into: tuple[Path, Path]) -> None:
+    """Replace served files as a deploy tool does: a new file renamed over each (key first)."""
+    for source, target in ((key, into[1]), (cert, into[0])):
+        staged = target.with_suffix(".new")
+        shutil.copyfile(source, staged)
+        staged.replace(target)
+
+
+def served_serial(host: str, port: int) -> int:
+    """The serial number of the certificate a new TLS connection is served (unverified: only read)."""
+    return serial_of(ssl.get_server_certificate((host, port), timeout=10).encode())
+
+
+def spki_pin(cert: Path) -> str:
+    """base64 SHA-256 of the certificate's public key: Chromium's --ignore-certificate-errors-spki-list."""
+    public = x509.load_pem_x509_certificate(cert.read_bytes()).public_key()
+    der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    digest = hashes.Hash(hashes.SHA256())
+    digest.update(der)
+    return base64.b64encode(digest.finalize()).decode()

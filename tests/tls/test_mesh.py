@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -36,8 +37,10 @@ def test_sdk_session_end_to_end(tls_mesh: Mesh, pki: Pki, tmp_path: Path) -> Non
         # The viewer page's status goes from the streamer to the scheduler's internal (plaintext) port.
         page = final.viewer_url.partition("#")[0].replace("/watch/", "/api/sessions/")
         token = final.viewer_url.partition("#token=")[2]
+        assert page.startswith("https://")  # the viewer page is served over HTTPS with the mesh's pair
         request = urllib.request.Request(page, headers={"Authorization": f"Bearer {token}"})
-        with urllib.request.urlopen(request, timeout=30) as reply:
+        trusting = ssl.create_default_context(cafile=pki.ca.cert_path)
+        with urllib.request.urlopen(request, timeout=30, context=trusting) as reply:
             assert reply.status == 200 and info.session_id in json.dumps(json.load(reply))
         mp4 = client.download_recording(final, tmp_path / "session.mp4")  # from the streamer, in the mesh
         assert mp4.stat().st_size > 0

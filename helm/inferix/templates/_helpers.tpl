@@ -85,7 +85,7 @@ app.kubernetes.io/part-of: inferix
 {{- else if .Values.ingress.enabled }}
 {{- printf "%s://%s%s" (ternary "https" "http" (not (empty .Values.ingress.tls))) (.Values.ingress.host | default "localhost") (trimSuffix "/" .Values.ingress.path) }}
 {{- else }}
-{{- printf "http://127.0.0.1:%d" (int .Values.streamer.service.viewerPort) }}
+{{- printf "%s://127.0.0.1:%d" (ternary "https" "http" (not (empty .Values.streamer.viewer.tls.secretName))) (int .Values.streamer.service.viewerPort) }}
 {{- end }}
 {{- end }}
 
