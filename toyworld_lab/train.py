@@ -159,6 +159,8 @@ class LatentClips:
     # What later blocks see of each block ([N, F, z, h, w]), when not the targets (faded and
     # noised by `corrupt_context`): the model's own samples in oracle rollouts.
     context: Tensor | None = None
+    # The keys held in each frame ([N, F, keys] of 0/1) for a DiT with a keyboard branch (toyworld-play).
+    key_rows: Tensor | None = None
 
 
 @torch.no_grad()
@@ -245,6 +247,8 @@ class DiTStage:
     fade_min: float  # a faded context keeps this much of its objects, at least
     seed_offset: int
     rounds: int = 1  # oracle rollouts: fresh rollouts of the current model for each round
+    train_text: bool = True  # False: the text encoder stays frozen
+    branch_lr: float | None = None  # learning rate of the keyboard branch (None: `lr`, like the rest)
 
     @classmethod
     def teacher_forcing(cls, config: TrainConfig) -> DiTStage:
@@ -283,10 +287,10 @@ def train_dit(
     generator = torch.Generator().manual_seed(config.seed + stage.seed_offset)
     dit, text = networks
     dit.train().requires_grad_(True)
-    text.train().requires_grad_(True)
+    text.train().requires_grad_(stage.train_text)
     tokenizer = byte_level_tokenizer(preset.text_encoder.text_len)
-    params = [*dit.parameters(), *text.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.01, betas=(0.9, 0.99))
+    params = [*dit.parameters(), *(text.parameters() if stage.train_text else [])]
+    optimizer = torch.optim.AdamW(_param_groups(dit, params, stage), lr=stage.lr, weight_decay=0.01, betas=(0.9, 0.99))
 
     def lr_at(step: int) -> float:
         if step < stage.warmup_steps:
@@ -306,7 +310,7 @@ def train_dit(
                 text.eval().requires_grad_(False)
                 data = refresh(dit, text, generator)
                 dit.train().requires_grad_(True)
-                text.train().requires_grad_(True)
+                text.train().requires_grad_(stage.train_text)
             n_clips, clip_blocks = data.latents.shape[0], data.latents.shape[1] // nf
             clips = torch.randint(n_clips, (config.dit_batch,), generator=generator)
             offset = int(torch.randint(clip_blocks - window + 1, (1,), generator=generator))
@@ -314,6 +318,11 @@ def train_dit(
             x0 = data.latents[clips, frames]  # [B, W*nf, z, h, w]
             context = None if data.context is None else data.context[clips, frames]
             block_prompts = [data.prompts[int(c)][offset : offset + window] for c in clips]
+            key_rows = None
+            if data.key_rows is not None and dit.config.action is not None:
+                key_rows = window_key_rows(
+                    data.key_rows[clips], offset * nf, window * nf, dit.config.action.rows_before
+                )
             loss = _teacher_forcing_loss(
                 dit,
                 text,
@@ -327,6 +336,7 @@ def train_dit(
                 config,
                 generator,
                 context,
+                key_rows,
             )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -335,6 +345,23 @@ def train_dit(
             scheduler.step()
             bar.set_postfix(loss=f"{loss.item():.4f}")
     return dit.eval().requires_grad_(False), text.eval().requires_grad_(False)
+
+
+def _param_groups(dit: CausalWanDiT, params: list[nn.Parameter], stage: DiTStage) -> list[dict[str, object]]:
+    """One group at the stage's learning rate, or, with `branch_lr`, the keyboard branch in its own."""
+    branch = {id(p) for name, p in dit.named_parameters() if ".keyboard." in name}
+    if stage.branch_lr is None or not branch:
+        return [{"params": params}]
+    return [
+        {"params": [p for p in params if id(p) not in branch]},
+        {"params": [p for p in params if id(p) in branch], "lr": stage.branch_lr},
+    ]
+
+
+def window_key_rows(rows: Tensor, start: int, frames: int, before: int) -> Tensor:
+    """[B, before + frames, keys]: the key rows [B, F, keys] of frames start - before .. start + frames - 1,
+    zeros (no key held) before the clip's first frame, as the inference session passes them."""
+    return F.pad(rows, (0, 0, before, 0))[:, start : start + before + frames]
 
 
 def _teacher_forcing_loss(
@@ -350,15 +377,18 @@ def _teacher_forcing_loss(
     config: TrainConfig,
     generator: torch.Generator,
     context: Tensor | None = None,
+    key_rows: Tensor | None = None,
 ) -> Tensor:
     """Mean flow-matching loss over the blocks of a window, each denoised against the earlier ones.
 
     Later blocks see the earlier ones as the targets faded and noised (see `corrupt_context`), or,
     given `context` (oracle rollouts), as the model's own samples; then the first block, which sees
-    nothing of the rollout before it, only serves as context.
+    nothing of the rollout before it, only serves as context. `key_rows` ([B, rows_before + frames,
+    keys], `window_key_rows`): the keys held, which both passes of each block get.
     """
     batch, frames = x0.shape[:2]
     nf = frames // config.window_blocks
+    before = 0 if key_rows is None else key_rows.shape[1] - frames
     unique = sorted({p for prompts in block_prompts for p in prompts})
     ids, mask = tokenizer(unique)
     embeds = text.prompt_embeds(ids, mask)
@@ -370,13 +400,14 @@ def _teacher_forcing_loss(
         start = start_frame + block * nf
         span = slice(block * nf, (block + 1) * nf)
         clean = x0[:, span]
+        keys = None if key_rows is None else key_rows[:, block * nf : block * nf + before + nf]
         if context is None or block > 0:
             t = sample_timesteps(batch, sampler.timesteps, sampler.shift, generator)
             sigma = (t / 1000).view(batch, 1, 1, 1, 1)
             noise = torch.randn(clean.shape, generator=generator)
             noisy = (1 - sigma) * clean + sigma * noise
             cache.store = False
-            flow = dit(noisy, t[:, None].expand(batch, nf).contiguous(), prompt, cache, start)
+            flow = dit(noisy, t[:, None].expand(batch, nf).contiguous(), prompt, cache, start, key_rows=keys)
             weight = object_weight(clean, background, config.object_loss_weight)
             losses.append((weight * (flow - (noise - clean)).square()).mean() / weight.mean())
         if block + 1 < config.window_blocks:
@@ -385,7 +416,7 @@ def _teacher_forcing_loss(
             else:
                 seen = corrupt_context(clean, background, stage.fade_min, config, generator)
             cache.store = True
-            dit(seen, torch.zeros(batch, nf), prompt, cache, start)
+            dit(seen, torch.zeros(batch, nf), prompt, cache, start, key_rows=keys)
     return torch.stack(losses).mean()
 
 

@@ -143,6 +143,11 @@ def test_generate_a_matrixgame_world_from_an_image_and_a_track(
         (["--model", "matrixgame2-tiny", "--quant", "int8"], "--quant int8: Matrix-Game 2.0 runs unquantized"),
         (["--model", "matrixgame2-tiny", "--kv-dtype", "fp8"], "--kv-dtype is not supported for Matrix-Game 2.0"),
         (["--prompt", "a ball", "--actions", "{track}"], "--actions: model toyworld takes no actions"),
+        (
+            ["--model", "toyworld-play", "--prompt", "a red ball steered by the arrow keys", "--actions", "{bad}"],
+            "entry 0: keys: unknown key 'Q' (this model takes ArrowUp, ArrowDown, ArrowLeft, ArrowRight)",
+        ),
+        (["--model", "toyworld-play", "--prompt", "a ball", "--compile"], "--compile: toyworld-play (a DiT with a"),
         (["--model", "tiny", "--prompt", "a ball", "--image", "{image}"], "--image: model tiny takes no start image"),
         ([], "the following arguments are required: --prompt"),
     ],
