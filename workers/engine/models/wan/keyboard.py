@@ -17,14 +17,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from inferix.spec.architectures import KeyboardActionConfig
+from workers.engine.models.wan.rope import axis_table, rotate_pairs
 
 
 class KeyboardBranch(nn.Module):
     """x [B, F*S, dim] (tokens in (frame, position) order) and key rows [B, rows_before + F, keys]
     -> the update [B, F*S, dim] to add to x. The output projection starts at zero, so a branch
     added to a trained text model leaves it unchanged until it is trained."""
-
-    freqs: Tensor
 
     def __init__(self, config: KeyboardActionConfig, dim: int, eps: float) -> None:
         super().__init__()
@@ -40,9 +39,6 @@ class KeyboardBranch(nn.Module):
         self.out = nn.Linear(config.attn_dim, dim)
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
-        half = self.head_dim // 2
-        freqs = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64) * 2 / self.head_dim))
-        self.register_buffer("freqs", freqs.float(), persistent=False)
 
     def forward(self, x: Tensor, rows: Tensor) -> Tensor:
         cfg = self.config
@@ -59,27 +55,19 @@ class KeyboardBranch(nn.Module):
         embedded = self.embed(rows.to(x.dtype))  # [B, R, E]
         windows = embedded.unfold(1, cfg.window, 1).transpose(2, 3).flatten(2)  # [B, G, window * E]
         k, v = self.key_value(windows).unflatten(-1, (2, heads, width)).unbind(2)  # [B, G, H, D]
-        q = self.query(x).view(batch, frames, positions, heads, width)
         keyboard_frames = k.shape[1]
-        k = self._rotate(self.norm_k(k), torch.arange(keyboard_frames, device=x.device))
-        # Frame f of the call sits at keyboard position f + window - 1.
-        q_positions = torch.arange(frames, device=x.device) + cfg.window - 1
-        q = self._rotate(self.norm_q(q).transpose(1, 2), q_positions)  # [B, S, F, H, D]
-        q = q.transpose(1, 2).reshape(batch, tokens, heads, width)
+        # Keyboard token g' sits at position g'; frame f of the call at f + window - 1 (its last token).
+        table = axis_table(keyboard_frames, width // 2, cfg.rope_theta).float().unsqueeze(1).to(x.device)
+        k = rotate_pairs(self.norm_k(k), table)
         frame_of = torch.arange(frames, device=x.device).repeat_interleave(positions)  # [F*S]
+        q = self.norm_q(self.query(x).view(batch, tokens, heads, width))
+        q = rotate_pairs(q, table[frame_of + cfg.window - 1])
         offsets = torch.arange(keyboard_frames, device=x.device)
         allowed = (offsets >= frame_of[:, None]) & (offsets < frame_of[:, None] + cfg.window)
         attended = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed
         )
         return self.out(attended.transpose(1, 2).flatten(2))
-
-    def _rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """RoPE over frames on x [..., T, H, D] (interleaved pairs), positions [T]."""
-        angles = positions.to(self.freqs.dtype)[:, None] * self.freqs  # [T, D/2]
-        cos, sin = angles.cos()[:, None, :].to(x.dtype), angles.sin()[:, None, :].to(x.dtype)
-        even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
-        return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
 
 
 def neutral_rows(config: KeyboardActionConfig, batch: int, frames: int, like: Tensor) -> Tensor:

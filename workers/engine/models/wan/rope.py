@@ -38,7 +38,7 @@ def _inv_freq(pairs: int, theta: float) -> Tensor:
     return 1.0 / torch.pow(theta, torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
 
-def _axis_table(max_positions: int, pairs: int, theta: float) -> Tensor:
+def axis_table(max_positions: int, pairs: int, theta: float) -> Tensor:
     """(cos, sin) [max_positions, pairs, 2] of every position's angles (float64)."""
     angles = torch.outer(torch.arange(max_positions, dtype=torch.float64), _inv_freq(pairs, theta))
     return torch.stack([angles.cos(), angles.sin()], dim=-1)
@@ -52,9 +52,9 @@ class RopeTable:
         self.max_positions = max_positions
         self.theta = theta
         t_pairs, h_pairs, w_pairs = rope_pair_split(head_dim)
-        self.time = _axis_table(max_positions, t_pairs, theta)
-        self.height = _axis_table(max_positions, h_pairs, theta)
-        self.width = _axis_table(max_positions, w_pairs, theta)
+        self.time = axis_table(max_positions, t_pairs, theta)
+        self.height = axis_table(max_positions, h_pairs, theta)
+        self.width = axis_table(max_positions, w_pairs, theta)
         self._cache: dict[tuple[int, int, int, int, torch.device], Tensor] = {}
 
     def rotations(self, start_frame: int, frames: int, height: int, width: int, device: torch.device) -> Tensor:
