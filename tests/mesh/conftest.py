@@ -55,6 +55,19 @@ def client(mesh: Mesh) -> Iterator[Client]:
         yield c
 
 
+def kill_worker(mesh: Mesh, worker_id: str) -> str:
+    """SIGKILL the worker `worker_id` (the one running a session, from its BlockDone); its name."""
+    victim = next(w for w in mesh.workers if w.name == worker_id)
+    assert victim.kill() == -9, victim.log_tail()
+    return victim.name
+
+
+def replace_worker(mesh: Mesh, name: str) -> None:
+    """Drop the killed worker `name` from the mesh and start a fresh one in its place."""
+    mesh.workers.remove(next(w for w in mesh.workers if w.name == name))
+    mesh.add_worker(f"{name}-replacement")
+
+
 def stream_info(mesh: Mesh, session_id: str) -> streamer_pb2.GetStreamInfoResponse:
     with grpc.insecure_channel(mesh.streamer.address) as channel:
         stub = streamer_pb2_grpc.StreamerServiceStub(channel)

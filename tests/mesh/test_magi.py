@@ -12,7 +12,7 @@ import numpy as np
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
 from inferix.mesh import start_mesh
 from tests.engine.magi.conftest import SECOND_PROMPT, make_magi_folder
-from tests.mesh.conftest import KEY_A, mesh_config, stream_info
+from tests.mesh.conftest import KEY_A, kill_worker, mesh_config, stream_info
 from workers.engine.families import load_engine
 
 CHUNKS, SEED = 6, 11
@@ -42,9 +42,7 @@ def test_a_magi_session_survives_a_worker_sigkill_with_identical_frames(tmp_path
             for event in client.events(info.session_id):
                 events.append(event)
                 if isinstance(event, BlockDone) and event.block_index == 1 and not killed:
-                    victim = next(w for w in mesh.workers if w.name == event.worker_id)
-                    killed = victim.name
-                    assert victim.kill() == -9, victim.log_tail()
+                    killed = kill_worker(mesh, event.worker_id)
             final = client.get_session(info.session_id)
         blocks = [e for e in events if isinstance(e, BlockDone)]
         assert [b.block_index for b in blocks] == list(range(CHUNKS))  # every chunk once, in order

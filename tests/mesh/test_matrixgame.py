@@ -21,7 +21,7 @@ from PIL import Image
 from inferix.client import AsyncClient, BlockDone, Client, CommandAccepted, SessionError, StateChanged
 from inferix.mesh import Mesh, start_mesh
 from scheduler.sessions import ACTION_BURST
-from tests.mesh.conftest import KEY_A, mesh_config, stream_info
+from tests.mesh.conftest import KEY_A, kill_worker, mesh_config, replace_worker, stream_info
 
 MODEL = "matrixgame2-tiny"
 BLOCKS = 6
@@ -101,9 +101,7 @@ def drive(mesh: Mesh, image: Path, seed: int, kill_after: int | None = None) -> 
                         for keys, mouse, _ in BAD_ACTIONS:
                             session.act(keys=keys, mouse=mouse)
                     if event.block_index == kill_after and not killed:
-                        victim = next(w for w in mesh.workers if w.name == event.worker_id)
-                        killed = victim.name
-                        assert victim.kill() == -9, victim.log_tail()
+                        killed = kill_worker(mesh, event.worker_id)
         final = client.get_session(info.session_id)
     assert states[-1] == "completed", states
     assert final.blocks_done == BLOCKS
@@ -117,8 +115,7 @@ def drive(mesh: Mesh, image: Path, seed: int, kill_after: int | None = None) -> 
     for answer, action in zip(accepted, sent, strict=True):
         held[answer.applies_at_block] = action  # in order: the latest before a boundary wins
     if killed:
-        mesh.workers.remove(next(w for w in mesh.workers if w.name == killed))
-        mesh.add_worker(f"{killed}-replacement")
+        replace_worker(mesh, killed)
     track = [{"block": b, "keys": k, "mouse": m or [0.0, 0.0]} for b, (k, m) in sorted(held.items()) if b < BLOCKS]
     # Each block's event names the action it was made under: the latest applied at or before it.
     expected, now = {}, ([], [0.0, 0.0])

@@ -16,7 +16,7 @@ import pytest
 
 from inferix.client import BlockDone, Client, CommandAccepted, SessionError, StateChanged
 from inferix.mesh import Mesh, start_mesh
-from tests.mesh.conftest import KEY_A, mesh_config, stream_info
+from tests.mesh.conftest import KEY_A, kill_worker, mesh_config, replace_worker, stream_info
 
 MODEL = "toyworld-play"
 PROMPT = "a yellow square steered by the arrow keys"
@@ -70,9 +70,7 @@ def drive(mesh: Mesh, seed: int, kill_after: int | None = None) -> tuple[str, li
                         if after == event.block_index:
                             session.act(keys=keys)
                     if event.block_index == kill_after and not killed:
-                        victim = next(w for w in mesh.workers if w.name == event.worker_id)
-                        killed = victim.name
-                        assert victim.kill() == -9, victim.log_tail()
+                        killed = kill_worker(mesh, event.worker_id)
     assert states[-1] == "completed", states
     assert all(isinstance(a, CommandAccepted) for a in answers), answers
     applies = [a.applies_at_block for a in answers if isinstance(a, CommandAccepted)]
@@ -86,8 +84,7 @@ def drive(mesh: Mesh, seed: int, kill_after: int | None = None) -> tuple[str, li
         expected[block] = held
     assert made_under == expected  # each block's event names the keys it was made under
     if killed:
-        mesh.workers.remove(next(w for w in mesh.workers if w.name == killed))
-        mesh.add_worker(f"{killed}-replacement")
+        replace_worker(mesh, killed)
     track = [{"block": at, "keys": keys} for at, keys in zip(applies, canonical, strict=True) if at < BLOCKS]
     assert len(track) >= 2, applies
     return info.session_id, track
