@@ -4,8 +4,9 @@ set -euo pipefail
 
 # ffmpeg: ffprobe checks recordings and plays RTMP; chromium: the viewer-page tests and bench/streaming.py
 # (driven by Playwright, never a downloaded browser); nginx + libnginx-mod-rtmp: the local RTMP server
-# `inferix serve` and the RTMP tests start as a child process with a generated config.
-packages=(ffmpeg chromium redis-server nginx libnginx-mod-rtmp)
+# `inferix serve` and the RTMP tests start as a child process with a generated config; coturn: the TURN server
+# the WebRTC relay test starts.
+packages=(ffmpeg chromium redis-server nginx libnginx-mod-rtmp coturn)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -26,6 +26,7 @@ from inferix.server import Registration, ServerOptions, add_server_arguments, ru
 from inferix.viewer_token import SECRET_ENV, ViewerTokens, load_viewer_tokens
 from streamer.control import SchedulerControl
 from streamer.encoder import ENCODER_CHOICES, LIBX264, resolve_encoder
+from streamer.ice import DEFAULT_TTL_S, IceConfigError, IceServers
 from streamer.limits import HttpLimits
 from streamer.link import LinkHub
 from streamer.live import LiveConfig
@@ -116,8 +117,48 @@ def _parser() -> argparse.ArgumentParser:
         help="WebRTC viewers per session; one more is refused with 503 (env INFERIX_STREAMER_MAX_VIEWERS; "
         "default %(default)s)",
     )
+    _add_ice_arguments(parser)
     _add_http_arguments(parser)
     return parser
+
+
+def _add_ice_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    group = parser.add_argument_group("STUN / TURN for WebRTC viewers behind NAT")
+    group.add_argument(
+        "--ice-server",
+        action="append",
+        metavar="URL",
+        default=[url for url in env("INFERIX_ICE_SERVERS", "").split(",") if url],
+        help="a STUN or TURN server viewers and the streamer use, e.g. turn:turn.example.com:3478?transport=udp "
+        "(repeat for more; env INFERIX_ICE_SERVERS, comma-separated; default: none, direct connections only)",
+    )
+    group.add_argument(
+        "--turn-secret-file",
+        type=Path,
+        help="the TURN server's shared secret (coturn static-auth-secret), from which each viewer gets "
+        "short-lived credentials (or env INFERIX_TURN_SECRET)",
+    )
+    group.add_argument(
+        "--turn-credential-ttl-s",
+        type=int,
+        default=int(env("INFERIX_TURN_CREDENTIAL_TTL_S", str(DEFAULT_TTL_S))),
+        help="seconds a viewer's TURN credentials stay valid (env INFERIX_TURN_CREDENTIAL_TTL_S; default %(default)s)",
+    )
+
+
+def _ice_servers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> IceServers:
+    """The ICE servers from the flags; parser.error on a bad URL or a missing TURN secret."""
+    secret = os.environ.get("INFERIX_TURN_SECRET", "").strip() or None
+    if args.turn_secret_file is not None:
+        try:
+            secret = args.turn_secret_file.read_text().strip()
+        except OSError as exc:
+            parser.error(f"--turn-secret-file {args.turn_secret_file}: cannot read it ({exc.strerror})")
+    try:
+        return IceServers.parse(args.ice_server, secret, args.turn_credential_ttl_s)
+    except IceConfigError as exc:
+        parser.error(str(exc))
 
 
 def _add_http_arguments(parser: argparse.ArgumentParser) -> None:
@@ -260,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     limits, tls = _http_options(parser, args)
     pacing = PacingConfig(args.jitter_buffer_ms / 1e3, UnderrunPolicy(args.underrun_policy), args.max_backlog_s)
-    live = LiveConfig(pacing, RtmpConfig(args.rtmp_url) if args.rtmp_url else None, args.max_viewers)
+    rtmp = RtmpConfig(args.rtmp_url) if args.rtmp_url else None
+    live = LiveConfig(pacing, rtmp, args.max_viewers, _ice_servers(parser, args))
     config = StreamerConfig(data_dir=data_dir.resolve(), codec=codec, queue_frames=args.queue_frames, live=live)
     if args.http_port is None:
         args.http_port = 0 if args.port == 0 else 8088

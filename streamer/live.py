@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferix.api.v1 import streamer_pb2
+from streamer.ice import IceServers
 from streamer.pacing import LiveConsumer, LiveStats, Pacer, PacingConfig
 from streamer.packets import LivePacket, StreamFormat
 from streamer.rtmp import OutputEvent, RtmpConfig, RtmpPublisher
@@ -32,6 +33,7 @@ class LiveConfig:
     pacing: PacingConfig = PacingConfig()
     rtmp: RtmpConfig | None = None  # None: no RTMP push (no --rtmp-url)
     max_viewers: int = 16
+    ice: IceServers = IceServers()  # STUN / TURN for viewers behind NAT (--ice-server)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class LiveSession:
         self.stats = LiveStats()
         self.announcement: Announcement | None = None
         self.format: StreamFormat | None = None
-        self.hub = ViewerHub(session_id, self.stats, config.max_viewers)
+        self.hub = ViewerHub(session_id, self.stats, config.max_viewers, ice=config.ice)
         self.publisher: RtmpPublisher | None = None
         self.pacer: Pacer | None = None
         self.ended = False

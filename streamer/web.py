@@ -1,7 +1,8 @@
 """The streamer's HTTP face (aiohttp, `--http-port`): WHEP signalling, the viewer page and its JSON API.
 
     GET    /watch/<session>                 the viewer page (the token travels in the URL fragment)
-    POST   /whep/<session>                  SDP offer -> 201 + SDP answer, Location of the viewer
+    OPTIONS /whep/<session>                 with the viewer token: the STUN / TURN servers as `Link` headers
+    POST   /whep/<session>                  SDP offer -> 201 + SDP answer, Location of the viewer (+ `Link`s)
     DELETE /whep/<session>/<viewer>         hang up
     GET    /api/sessions/<session>          status: scheduler view (state, prompt, action schema, current
                                             action, recent blocks, block latency) + live stats
@@ -32,6 +33,7 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
+from multidict import MultiDict
 
 from inferix.viewer_token import InvalidViewerToken, ViewerTokens, bearer_token
 from streamer.control import ControlError, SchedulerControl
@@ -60,7 +62,7 @@ _CORS = {
     "Access-Control-Allow-Origin": "*",
     "Access-Control-Allow-Methods": "POST, DELETE, OPTIONS",
     "Access-Control-Allow-Headers": "Authorization, Content-Type",
-    "Access-Control-Expose-Headers": "Location",
+    "Access-Control-Expose-Headers": "Location, Link",
 }
 
 
@@ -245,7 +247,15 @@ class ViewerServer:
         return web.Response(body=_asset(name), content_type=_STATIC[name], charset="utf-8")
 
     async def _preflight(self, request: web.Request) -> web.Response:
-        return web.Response(status=204)
+        """A CORS preflight, or (with the viewer token) WHEP's ask for ICE servers before the offer."""
+        if "Authorization" not in request.headers:
+            return web.Response(status=204)
+        session_id, _ = self._authorize(request)
+        return web.Response(status=204, headers=self._ice_links(session_id))
+
+    def _ice_links(self, session_id: str) -> MultiDict[str]:
+        """The session's STUN / TURN servers with fresh TURN credentials, one `Link` header each (RFC 9725)."""
+        return MultiDict(("Link", server.link_header()) for server in self.registry.config.ice.issue(session_id))
 
     async def _whep_offer(self, request: web.Request) -> web.Response:
         session_id, token = self._authorize(request)
@@ -269,13 +279,9 @@ class ViewerServer:
             raise HttpError(400, str(exc)) from exc
         except TooManyViewers as exc:
             raise HttpError(503, str(exc)) from exc
-        location = f"/whep/{session_id}/{viewer.viewer_id}"
-        return web.Response(
-            status=201,
-            text=answer,
-            content_type="application/sdp",
-            headers={"Location": location, "X-Inferix-Codec": viewer.codec},
-        )
+        headers = self._ice_links(session_id)
+        headers.update({"Location": f"/whep/{session_id}/{viewer.viewer_id}", "X-Inferix-Codec": viewer.codec})
+        return web.Response(status=201, text=answer, content_type="application/sdp", headers=headers)
 
     async def _whep_delete(self, request: web.Request) -> web.Response:
         session_id, _ = self._authorize(request)

@@ -37,6 +37,7 @@ from aiortc.sdp import SessionDescription
 
 from streamer import metrics
 from streamer.errors import StreamerError
+from streamer.ice import IceServers
 from streamer.pacing import KeyframeGate, LiveStats
 from streamer.packets import LivePacket
 
@@ -192,8 +193,11 @@ class ViewerHub:
 
     name = "webrtc"
 
-    def __init__(self, session_id: str, stats: LiveStats, max_viewers: int, fps: float = 16.0) -> None:
+    def __init__(
+        self, session_id: str, stats: LiveStats, max_viewers: int, fps: float = 16.0, ice: IceServers | None = None
+    ) -> None:
         self.session_id = session_id
+        self.ice = ice or IceServers()
         self.stats = stats
         self.max_viewers = max_viewers
         self.fps = fps  # sizes the viewers' queues; set from the stream format once frames arrive
@@ -209,7 +213,9 @@ class ViewerHub:
         parse_offer(offer_sdp)
         if len(self.viewers) >= self.max_viewers:
             raise TooManyViewers(f"session {self.session_id!r} already has {self.max_viewers} viewers (--max-viewers)")
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        # The streamer's side uses the viewers' STUN / TURN servers too: relayed at both ends when needed.
+        servers = [server.for_aiortc() for server in self.ice.issue(self.session_id)]
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
         track = ViewerTrack(H264, self.fps)  # the codec is fixed below, once negotiated
         try:
             transceiver = pc.addTransceiver(track, direction="sendonly")

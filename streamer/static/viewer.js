@@ -4,7 +4,10 @@
 
 const sessionId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop() || "");
 // The viewer token comes in the URL fragment, which browsers never send to a server.
-const token = new URLSearchParams(location.hash.slice(1)).get("token") || "";
+const fragment = new URLSearchParams(location.hash.slice(1));
+const token = fragment.get("token") || "";
+// "#...&transport=relay" takes only TURN-relayed paths: checks that the TURN server works for this viewer.
+const relayOnly = fragment.get("transport") === "relay";
 const $ = (id) => document.getElementById(id);
 const text = (id, value) => { $(id).textContent = value; };
 
@@ -12,6 +15,7 @@ const text = (id, value) => { $(id).textContent = value; };
 const viewer = {
   sessionId, pc: null, resource: null, codec: null, framesDecoded: 0, fps: 0,
   pageStart: performance.now(), firstFrameMs: null, status: null, ended: false, error: null,
+  iceServers: 0, path: null, // STUN / TURN servers the streamer offered; the media path: "direct" or "relay"
   play: null, // the play panel's state, for models that take actions
 };
 window.inferixViewer = viewer;
@@ -54,8 +58,35 @@ function watchFirstFrame(video) {
   else video.addEventListener("loadeddata", first, { once: true });
 }
 
+// WHEP's ICE server discovery (RFC 9725): `Link: <turn:...>; rel="ice-server"; username=...; credential=...`.
+function parseIceLinks(headers) {
+  const servers = [];
+  for (const link of (headers.get("Link") || "").split(/,(?=\s*<)/)) {
+    const match = /^\s*<([^>]+)>(.*)$/.exec(link);
+    if (!match || !/;\s*rel="?ice-server"?/.test(match[2])) continue;
+    const server = { urls: match[1] };
+    for (const [, name, value] of match[2].matchAll(/;\s*([\w-]+)="([^"]*)"/g)) {
+      if (name === "username" || name === "credential") server[name] = value;
+    }
+    servers.push(server);
+  }
+  return servers;
+}
+
+async function iceServers() {
+  const response = await fetch(`/whep/${encodeURIComponent(sessionId)}`, { method: "OPTIONS", headers: auth() });
+  if (!response.ok) {
+    const error = new Error((await response.text()).trim() || `HTTP ${response.status}`);
+    error.status = response.status;
+    throw error;
+  }
+  return parseIceLinks(response.headers);
+}
+
 async function connect() {
-  const pc = new RTCPeerConnection();
+  const servers = await iceServers();
+  viewer.iceServers = servers.length;
+  const pc = new RTCPeerConnection({ iceServers: servers, iceTransportPolicy: relayOnly ? "relay" : "all" });
   viewer.pc = pc;
   pc.addTransceiver("video", { direction: "recvonly" });
   pc.addEventListener("track", (event) => {
@@ -110,6 +141,10 @@ async function pollStats() {
   if (!pc) return;
   const report = await pc.getStats();
   report.forEach((stat) => {
+    if (stat.type === "candidate-pair" && stat.nominated && stat.state === "succeeded") {
+      const local = report.get(stat.localCandidateId);
+      if (local) viewer.path = local.candidateType === "relay" ? "relay" : "direct";
+    }
     if (stat.type === "inbound-rtp" && stat.kind === "video") {
       viewer.framesDecoded = stat.framesDecoded || 0;
       viewer.fps = stat.framesPerSecond || 0;
@@ -118,6 +153,7 @@ async function pollStats() {
     }
   });
   text("stat-fps", viewer.fps ? viewer.fps.toFixed(1) : "–");
+  text("stat-path", viewer.path === "relay" ? "relayed (TURN)" : viewer.path || "–");
   text("stat-decoded", String(viewer.framesDecoded));
   text("stat-codec", viewer.codec || "–");
 }
