@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import av
 import numpy as np
 import pytest
 from PIL import Image
@@ -24,6 +25,8 @@ from inferix.client import BlockDone, Client
 from inferix.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, mesh_config
 from tests.mesh.test_viewer import browser, wait_for
+from toyworld_lab.measure import read_frame
+from toyworld_lab.play_eval import PASS_MOVE, along
 
 __all__ = ["browser"]  # the module-scoped Chromium fixture, shared with test_viewer.py
 
@@ -249,3 +252,53 @@ def test_a_text_model_page_has_no_play_panel(mesh: Mesh, browser: Browser) -> No
         finally:
             page.close()
             client.cancel_session(info.session_id)
+
+
+def recorded_frames(client: Client, session_id: str, folder: Path) -> np.ndarray:
+    """uint8 [T, H, W, 3]: the session's recording, decoded, once the session has ended."""
+    list(client.events(session_id))  # until the session's end
+    mp4 = client.download_recording(client.get_session(session_id), folder / f"{session_id}.mp4")
+    with av.open(str(mp4)) as container:
+        return np.stack([frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)])
+
+
+def hold_for_blocks(client: Client, session_id: str, page: Page, key: str, blocks: int) -> int:
+    """Hold `key` on the focused video until `blocks` blocks were made under it; returns the block it applied at."""
+    (pressed,) = press_keys_and_collect(page, [Step("down", key)])
+    assert pressed.state == "applied" and pressed.applies_at is not None, pressed
+    block_actions(client, session_id, pressed.applies_at + blocks - 1)  # wait until those blocks are made
+    press_keys_and_collect(page, [Step("up", key)])
+    return pressed.applies_at
+
+
+def test_the_toyworld_play_object_moves_the_way_the_page_presses(
+    mesh_for: Callable[[str], Mesh], browser: Browser, tmp_path: Path
+) -> None:
+    """The world answers the keys: held ArrowRight pushes the object right on screen, then ArrowLeft left
+    (measured in the recording against the last frame before each key's block, as `toyworld_lab.play_eval`).
+    Seed 1's object starts at rest near the left wall, with room both ways whenever the keys land."""
+    held_blocks = 3
+    with Client(mesh_for("toyworld-play").address, api_key=KEY_A, timeout=60) as client:
+        info = client.create_session(
+            "a red ball steered by the arrow keys", model="toyworld-play", num_blocks=200, seed=1, lookahead=1
+        )
+        page = browser.new_page()
+        try:
+            page.goto(info.viewer_url)
+            focus_play(page)
+            right = hold_for_blocks(client, info.session_id, page, "ArrowRight", held_blocks)
+            left = hold_for_blocks(client, info.session_id, page, "ArrowLeft", held_blocks)
+        finally:
+            page.close()
+            client.cancel_session(info.session_id)
+        frames = recorded_frames(client, info.session_id, tmp_path)
+    per_block = 3  # toyworld-play: 3 video frames a block, the first block too
+
+    def moved(key: str, block: int) -> float:
+        start = read_frame(frames[block * per_block - 1]).centroid
+        end = read_frame(frames[(block + held_blocks) * per_block - 1]).centroid
+        assert start is not None and end is not None, f"no object around blocks {block}..{block + held_blocks}"
+        return along(key.removeprefix("Arrow").lower(), start, end)
+
+    assert moved("ArrowRight", right) >= PASS_MOVE
+    assert moved("ArrowLeft", left) >= PASS_MOVE
