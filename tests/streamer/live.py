@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,3 +193,20 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
     while not predicate():
         assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def playing(streamer: ServiceProcess, video: Video) -> Iterator[None]:
+    """`video` announced on the streamer's link and pushed in real time while the block runs (the test
+    plays the scheduler and the worker); then the streamer is stopped, which must exit 0."""
+    channel = grpc.insecure_channel(streamer.address)  # frames from workers: the mesh's plaintext port
+    link = SchedulerLink(channel)
+    link.announce(video.session_id)
+    pusher = RealtimePusher(streamer_pb2_grpc.StreamerServiceStub(channel), video).start()
+    try:
+        yield
+    finally:
+        pusher.stop()
+        link.close()
+        channel.close()
+        assert streamer.stop() == 0, streamer.log_tail()

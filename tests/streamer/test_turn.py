@@ -18,19 +18,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
 from aioice.ice import get_host_addresses
 from aioice.stun import TransactionFailed
 from aioice.turn import create_turn_endpoint
 from playwright.sync_api import sync_playwright
 
-from inferix.api.v1 import streamer_pb2_grpc
 from streamer.__main__ import main
 from streamer.ice import IceServers, turn_password
 from tests.mesh.test_viewer import CHROMIUM, CHROMIUM_FLAGS, viewer, wait_for
 from tests.parallel.pod import free_port
-from tests.streamer.live import RealtimePusher, SchedulerLink, start_live_streamer
+from tests.streamer.live import playing, start_live_streamer
 from tests.streamer.media import Video
 from tests.streamer.test_viewers import TOKENS
 
@@ -125,14 +123,10 @@ def test_viewer_page_plays_through_turn_only(coturn: Coturn, tmp_path_factory: p
     streamer, port = start_live_streamer(
         tmp_path_factory.mktemp("turn"), extra=ice, env={"INFERIX_TURN_SECRET": TURN_SECRET}
     )
-    channel = grpc.insecure_channel(streamer.address)
-    link = SchedulerLink(channel)
     video = Video("turn-page", 160, 96, 16.0, (8,) * 40)
-    link.announce(video.session_id)
-    pusher = RealtimePusher(streamer_pb2_grpc.StreamerServiceStub(channel), video).start()
     token = TOKENS.mint(video.session_id)
     whep = f"http://127.0.0.1:{port}/whep/{video.session_id}"
-    try:
+    with playing(streamer, video):
         status, links = _options(whep, token)  # WHEP's ICE server discovery, before the offer
         assert status == 204 and len(links) == 1, links
         assert links[0].startswith(f'<{coturn.url}>; rel="ice-server"; username="')
@@ -151,11 +145,6 @@ def test_viewer_page_plays_through_turn_only(coturn: Coturn, tmp_path_factory: p
             assert page.evaluate("inferixViewer.iceServers") == 1
             assert page.text_content("#stat-path") == "relayed (TURN)"
             browser.close()
-    finally:
-        pusher.stop()
-        link.close()
-        channel.close()
-        assert streamer.stop() == 0, streamer.log_tail()
     log = coturn.log.read_text()
     # coturn saw this session's viewer allocate a relay with its REST credentials
     allocated = rf"user <\d+:{video.session_id}>: incoming packet ALLOCATE processed, success"
