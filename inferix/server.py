@@ -17,6 +17,12 @@ port with `--tls-cert/--tls-key`, re-reading the files when they change (a rotat
 served without a restart), and then also listens in plaintext on `--internal-port` for the mesh's
 own callers (the streamer's viewer commands, probes): they stay on the cluster network, as every
 other internal call does. The port file then has "internal" too.
+
+Mesh TLS (`--mesh-tls-ca/-cert/-key`, INFERIX_MESH_TLS_*; see inferix/mesh_tls.py): the service's port,
+or the scheduler's internal port, requires mutual TLS: a client certificate signed by the mesh CA, on
+top of the internal token. Every internal channel made in the process (`channel`) presents the service's
+certificate. Probes that cannot present one (Kubernetes' gRPC probes) use `--health-port`: plaintext,
+grpc.health.v1 only. The port file then has "health" too.
 """
 
 from __future__ import annotations
@@ -28,7 +34,6 @@ import json
 import logging
 import os
 import signal
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +43,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from inferix import mesh_tls
+from inferix.mesh_channel import RotatingChannel
+from inferix.mesh_tls import CertificateFiles, MeshTls, add_mesh_tls_arguments, mesh_tls_from_args
 from inferix.telemetry import server_interceptor, setup_tracing, shutdown_tracing
 
 log = logging.getLogger("inferix.server")
@@ -65,9 +73,16 @@ class ServerOptions:
     grace_s: float = 10.0
     log_level: str = "INFO"
     tls: TlsOptions | None = None
+    mesh_tls: MeshTls | None = None
+    # The port the mesh's own services use when the service's port is public (the scheduler) and TLS or mesh
+    # TLS is on: (host, port; 0 = any free port). Plaintext, or mutual TLS with mesh TLS.
+    internal: tuple[str, int] | None = None
+    health_port: int | None = None  # plaintext grpc.health.v1 only (0 = any; None = none)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerOptions:
+        tls, mesh = TlsOptions.from_args(args), mesh_tls_from_args(args)
+        public = hasattr(args, "internal_port")  # a service with a client port: add_tls_arguments
         return cls(
             host=args.host,
             port=args.port,
@@ -75,18 +90,19 @@ class ServerOptions:
             metrics_port=args.metrics_port,
             grace_s=args.grace,
             log_level=args.log_level,
-            tls=TlsOptions.from_args(args),
+            tls=tls,
+            mesh_tls=mesh,
+            internal=(args.internal_host, args.internal_port) if public and (tls or mesh) else None,
+            health_port=args.health_port,
         )
 
 
 @dataclass(frozen=True)
 class TlsOptions:
-    """TLS on the public port, and the plaintext port the mesh's own services use meanwhile."""
+    """TLS on the public port (the mesh's own services use the internal port meanwhile)."""
 
     cert: Path
     key: Path
-    internal_host: str = "127.0.0.1"
-    internal_port: int = 0  # 0 = any free port
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TlsOptions | None:
@@ -96,7 +112,7 @@ class TlsOptions:
             return None
         if cert is None or key is None:
             raise SystemExit("error: --tls-cert and --tls-key go together (a certificate and its private key)")
-        return cls(cert, key, args.internal_host, args.internal_port)
+        return cls(cert, key)
 
 
 def _env(service: str, name: str, default: str | None) -> str | None:
@@ -119,6 +135,15 @@ def add_server_arguments(parser: argparse.ArgumentParser, service: str, default_
     )
     parser.add_argument("--grace", type=float, default=10.0, help="seconds to finish in-flight work on SIGTERM")
     parser.add_argument("--log-level", default=_env(service, "LOG_LEVEL", "INFO"))
+    health = _env(service, "HEALTH_PORT", None)
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=int(health) if health is not None else None,
+        help="also serve the gRPC health check alone, in plaintext, on this port: for probes that cannot present "
+        "a mesh TLS certificate, such as Kubernetes' gRPC probes (0 = any; default: off)",
+    )
+    add_mesh_tls_arguments(parser)
 
 
 def add_tls_arguments(parser: argparse.ArgumentParser, service: str) -> None:
@@ -140,67 +165,15 @@ def add_tls_arguments(parser: argparse.ArgumentParser, service: str) -> None:
     group.add_argument(
         "--internal-host",
         default=_env(service, "INTERNAL_HOST", "127.0.0.1"),
-        help="with TLS: address of the plaintext port for the mesh's own services (default 127.0.0.1)",
+        help="with TLS or mesh TLS: address of the port for the mesh's own services (default 127.0.0.1)",
     )
     group.add_argument(
         "--internal-port",
         type=int,
         default=int(_env(service, "INTERNAL_PORT", "0") or 0),
-        help="with TLS: plaintext port for the mesh's own services: the streamer's viewer commands, "
-        "health probes (0 = any; default 0)",
+        help="with TLS or mesh TLS: port for the mesh's own services (the streamer's viewer commands, health "
+        "probes): plaintext, or mutual TLS with mesh TLS (0 = any; default 0)",
     )
-
-
-class CertificateFiles:
-    """A certificate and key on disk, served by gRPC and read again whenever either file changes.
-
-    `grpc.dynamic_ssl_server_credentials` asks `fetch` before each new handshake: it compares the files'
-    (inode, size, mtime), which also catches a Kubernetes Secret update (a symlink swapped to a new
-    file). A pair that does not load (half-written, key not matching) is not taken: the server keeps the
-    previous one, logs a warning, and tries again once the files change again.
-    """
-
-    def __init__(self, cert: Path, key: Path) -> None:
-        self.cert = cert
-        self.key = key
-        self._stamp: tuple[tuple[int, int, int], ...] | None = None
-        self._refused: tuple[tuple[int, int, int], ...] | None = None
-
-    def _stat(self) -> tuple[tuple[int, int, int], ...]:
-        stats = (os.stat(self.cert), os.stat(self.key))  # follows symlinks: the files as served
-        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
-
-    def _load(self) -> grpc.ServerCertificateConfiguration:
-        """The pair, checked to load as a server certificate (ssl.SSLError, OSError otherwise)."""
-        stamp = self._stat()
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.cert, self.key)
-        config = grpc.ssl_server_certificate_configuration([(self.key.read_bytes(), self.cert.read_bytes())])
-        self._stamp = stamp
-        return config
-
-    def fetch(self) -> grpc.ServerCertificateConfiguration | None:
-        """The new pair when the files changed, None to keep serving the current one."""
-        try:
-            stamp = self._stat()
-            if stamp in (self._stamp, self._refused):
-                return None
-            self._refused = stamp  # warned once per bad pair, not at every handshake
-            config = self._load()
-        except (OSError, ssl.SSLError) as exc:
-            log.warning(
-                "TLS certificate %s / key %s not reloaded (keeping the current one): %s", self.cert, self.key, exc
-            )
-            return None
-        log.info("TLS certificate reloaded from %s", self.cert)
-        return config
-
-    def credentials(self) -> grpc.ServerCredentials:
-        """Server credentials that follow the files; SystemExit when they do not load now."""
-        try:
-            initial = self._load()
-        except (OSError, ssl.SSLError) as exc:
-            raise SystemExit(f"error: TLS certificate {self.cert} / key {self.key}: {exc}") from None
-        return grpc.dynamic_ssl_server_credentials(initial, self.fetch)
 
 
 INTERNAL_TOKEN_ENV = "INFERIX_INTERNAL_TOKEN"
@@ -316,6 +289,7 @@ async def run_server(
     """
     logging.basicConfig(level=options.log_level, format=f"%(asctime)s {service} %(levelname)s %(message)s")
     setup_tracing(f"inferix-{service}")
+    mesh_tls.use(options.mesh_tls)  # before `register`: the service's channels present its certificate
     token = internal_token()
     guard = [InternalTokenInterceptor(token, internal_methods)] if token and internal_methods else []
     server = grpc.aio.server(
@@ -332,7 +306,10 @@ async def run_server(
     reflection.enable_server_reflection(names, server)
     ports = _bind(service, server, options)
     port = ports["grpc"]
+    probes = _health_server(health_servicer, options, ports)
     await server.start()
+    if probes is not None:
+        await probes.start()
     for name in ["", *registration.service_names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     metrics_port = _start_metrics(options.host, options.metrics_port) if options.metrics_port is not None else None
@@ -342,13 +319,16 @@ async def run_server(
         # started this one; the launcher stops the service through it, see inferix/mesh/launch.py).
         tmp.write_text(json.dumps({**ports, "metrics": metrics_port, "pid": os.getpid()}))
         tmp.replace(options.port_file)  # atomic: readers never see a partial file
-    internal = f", plaintext for the mesh on {options.tls.internal_host}:{ports['internal']}" if options.tls else ""
+    kind = "mutual TLS" if options.mesh_tls else "plaintext"
+    internal = f", {kind} for the mesh on {options.internal[0]}:{ports['internal']}" if options.internal else ""
+    own = " (TLS)" if options.tls else " (mutual TLS)" if options.mesh_tls and not options.internal else ""
     log.info(
-        "serving on %s:%d%s%s%s",
+        "serving on %s:%d%s%s%s%s",
         options.host,
         port,
-        " (TLS)" if options.tls else "",
+        own,
         internal,
+        f", health checks in plaintext on :{ports['health']}" if "health" in ports else "",
         f", metrics on :{metrics_port}" if metrics_port else "",
     )
     if registration.on_start is not None:
@@ -367,37 +347,65 @@ async def run_server(
         except TimeoutError:
             log.warning("drain did not finish within %.1fs", options.grace_s)
     await server.stop(options.grace_s)
+    if probes is not None:
+        await probes.stop(None)
     shutdown_tracing()
     log.info("stopped")
 
 
 def _bind(service: str, server: grpc.aio.Server, options: ServerOptions) -> dict[str, int]:
-    """Add the server's ports: {"grpc": port} in plaintext, or TLS plus {"internal": plaintext port}."""
+    """Add the server's ports: {"grpc": port} (plaintext, TLS, or mutual TLS with mesh TLS and no internal
+    port), plus {"internal": port} for the mesh's own services (plaintext, or mutual TLS with mesh TLS)."""
     address = f"{options.host}:{options.port}"
-    if options.tls is None:
-        ports = {"grpc": server.add_insecure_port(address)}
-    else:
-        tls = options.tls
+    mesh = options.mesh_tls
+    if options.tls is not None:
         ports = {
-            "grpc": server.add_secure_port(address, CertificateFiles(tls.cert, tls.key).credentials()),
-            "internal": server.add_insecure_port(f"{tls.internal_host}:{tls.internal_port}"),
+            "grpc": server.add_secure_port(address, CertificateFiles(options.tls.cert, options.tls.key).credentials())
         }
+    elif mesh is not None and options.internal is None:
+        ports = {"grpc": server.add_secure_port(address, mesh.server_credentials())}
+    else:
+        ports = {"grpc": server.add_insecure_port(address)}
+    if options.internal is not None:
+        internal = "{}:{}".format(*options.internal)
+        if mesh is not None:
+            ports["internal"] = server.add_secure_port(internal, mesh.server_credentials())
+        else:
+            ports["internal"] = server.add_insecure_port(internal)
     if 0 in ports.values():
-        raise SystemExit(f"{service}: cannot bind {address}" + (" or its internal port" if options.tls else ""))
+        raise SystemExit(f"{service}: cannot bind {address}" + (" or its internal port" if options.internal else ""))
     return ports
 
 
+def _health_server(
+    servicer: health.aio.HealthServicer, options: ServerOptions, ports: dict[str, int]
+) -> grpc.aio.Server | None:
+    """The plaintext health-only server of `--health-port` (its port added to `ports`), or None."""
+    if options.health_port is None:
+        return None
+    probes = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, probes)
+    ports["health"] = probes.add_insecure_port(f"{options.host}:{options.health_port}")
+    if ports["health"] == 0:
+        raise SystemExit(f"cannot bind the health port {options.host}:{options.health_port}")
+    return probes
+
+
 def channel(address: str) -> grpc.aio.Channel:
-    """An aio channel to another service, with trace propagation and large messages allowed."""
+    """An aio channel to another service, with trace propagation, the internal token, large messages allowed,
+    and mutual TLS when this process has mesh TLS (inferix.mesh_tls.use)."""
     from inferix.telemetry import client_interceptors
 
     token = internal_token()
-    extra = token_interceptors(token) if token else []
-    return grpc.aio.insecure_channel(
-        address,
-        interceptors=[*client_interceptors(), *extra],
-        options=[
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-        ],
+    interceptors = [*client_interceptors(), *(token_interceptors(token) if token else [])]
+    options = [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ]
+    mesh = mesh_tls.active()
+    if mesh is None:
+        return grpc.aio.insecure_channel(address, interceptors=interceptors, options=options)
+    # Mutual TLS: the callee's certificate is checked for the host in `address` (a Service DNS name, 127.0.0.1).
+    return RotatingChannel(
+        mesh, lambda creds: grpc.aio.secure_channel(address, creds, interceptors=interceptors, options=options)
     )

@@ -32,6 +32,8 @@ class RunConfig:
     server: str
     out: Path
     model: str = "toyworld"
+    tls: bool | None = None  # as `inferix.client.Client` takes them: grpcs:// in `server`, or a CA, mean TLS too
+    ca: Path | None = None
     seed: int = 0
     width: int = 0  # 0 = the model's native size
     height: int = 0
@@ -155,7 +157,7 @@ def run_benchmark(videos: list[VideoAnnotation], timing: BlockTiming, config: Ru
     previous = _previous_runs(config.out) if config.skip_existing else {}
     runs: list[VideoRun] = []
     with (
-        Client(config.server, api_key=config.api_key, timeout=config.timeout) as client,
+        Client(config.server, api_key=config.api_key, timeout=config.timeout, tls=config.tls, ca=config.ca) as client,
         tqdm(total=len(videos), desc="videos", unit="video", disable=not config.progress, file=sys.stderr) as bar,
     ):
         for video in videos:

@@ -93,9 +93,8 @@ def main() -> None:
     if args.viewer_page_url and tokens is None:
         raise SystemExit("scheduler: error: --viewer-page-url needs a viewer secret (--viewer-secret-file)")
     options = ServerOptions.from_args(args)
-    # The streamer reaches the scheduler in plaintext: on the API port, or on the internal one with TLS.
-    own_host = options.tls.internal_host if options.tls else options.host
-    own_port = options.tls.internal_port if options.tls else options.port
+    # The streamer reaches the scheduler on the API port, or on the internal one with TLS or mesh TLS.
+    own_host, own_port = options.internal or (options.host, options.port)
     # The link announces sessions to the streamer and relays its output errors into session events.
     link = StreamerLink(args.streamer, _advertised(own_host, own_port, args.advertise_address))
     playback = Playback(PlaybackConfig(args.viewer_page_url, args.rtmp_play_url, tokens), announcer=link)

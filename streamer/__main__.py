@@ -6,7 +6,8 @@ gRPC bootstrap writes its file to a side path, and once HTTP listens the full fi
 atomically where `--port-file` says, so a launcher that sees the file sees every port.
 
 `--tls-cert/--tls-key` make the HTTP server HTTPS (re-read when the files change). The gRPC port
-(frames from workers, the scheduler link, recordings) stays plaintext: it is the mesh's internal port.
+(frames from workers, the scheduler link, recordings) is the mesh's internal port: plaintext, or mutual
+TLS with mesh TLS (`--mesh-tls-*`, inferix/mesh_tls.py).
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from inferix.cli.scheduler_address import TLS_EPILOG, add_scheduler_address_arguments
 from inferix.errors import UserError
 
 _SUMMARY_KEYS = ("vde_linear", "vde_linear_normalized", "vde_log", "vde_log_normalized", "vbench_score")
@@ -32,14 +33,10 @@ def register(subparsers: Any) -> None:
             "Generates one session per annotated video, its captions switching the prompt at the nearest block "
             "boundary, and saves <video_id>.mp4 plus manifest.json (schedules, timings, failures) in --out."
         ),
-        epilog="example: inferix lvbench run --annotations lvbench.json --split eval --out out/lvbench",
+        epilog="example: inferix lvbench run --annotations lvbench.json --split eval --out out/lvbench.  " + TLS_EPILOG,
     )
     run.add_argument("--annotations", type=Path, required=True, help="LV-Bench-style JSON (see lvbench/dataset.py)")
-    run.add_argument(
-        "--server",
-        default=os.environ.get("INFERIX_SERVER", "127.0.0.1:50051"),
-        help="scheduler address (env INFERIX_SERVER)",
-    )
+    add_scheduler_address_arguments(run)
     run.add_argument("--out", type=Path, required=True, help="folder for <video_id>.mp4 and manifest.json")
     run.add_argument("--api-key", default=os.environ.get("INFERIX_API_KEY"), help="API key (env INFERIX_API_KEY)")
     run.add_argument("--model", default="toyworld", help="model served by the mesh (default toyworld)")
@@ -102,6 +99,7 @@ def _timing(args: argparse.Namespace) -> Any:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from inferix.client.tls import resolve
     from lvbench.dataset import load_annotations, split_videos
     from lvbench.runner import MANIFEST, RunConfig, run_benchmark
     from lvbench.schedule import plan_video
@@ -125,8 +123,14 @@ def run_command(args: argparse.Namespace) -> int:
             for p in plan.prompts:
                 print(f"  block {p.at_block:>4} ({p.start:6.1f} s)  {p.text}")
         return 0
+    try:
+        resolve(args.server, args.tls, args.ca)  # a CA file that does not read: one line, before any video
+    except ValueError as exc:
+        raise UserError(f"--server / --ca: {exc}") from None
     config = RunConfig(
         server=args.server,
+        tls=args.tls,
+        ca=args.ca,
         out=args.out,
         model=args.model,
         seed=args.seed,

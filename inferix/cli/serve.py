@@ -12,6 +12,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from inferix.errors import UserError
+from inferix.mesh_tls import add_mesh_tls_arguments
 
 if TYPE_CHECKING:
     from inferix.mesh import Mesh
@@ -55,6 +56,14 @@ def register(subparsers: Any) -> None:
         "a replaced file is served without a restart",
     )
     parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    parser.add_argument(
+        "--mesh-tls",
+        action="store_true",
+        help="mutual TLS between the services (on top of the internal token): a throwaway mesh CA and one "
+        "certificate per service are made in <workdir>/mesh-tls/ at each start, unless --mesh-tls-ca/-cert/-key "
+        "give one certificate (for 127.0.0.1) that every service uses",
+    )
+    add_mesh_tls_arguments(parser)
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument(
         "--ranks-per-worker",
@@ -135,8 +144,11 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from inferix.mesh import MeshConfig, start_mesh
     from inferix.mesh.launch import ServiceStartError
+    from inferix.mesh.local import MESH_ROLES
+    from inferix.mesh.pki import make_mesh_pki
     from inferix.mesh.rtmp_relay import RtmpServerError
     from inferix.mesh.supervisor import RestartPolicy, Supervisor
+    from inferix.mesh_tls import mesh_tls_from_args
     from inferix.server import INTERNAL_TOKEN_ENV
     from inferix.spec.matrixgame import TINY_MODEL
     from inferix.spec.presets import BUILTIN_MODELS
@@ -156,7 +168,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--rtmp must be auto, off or an rtmp:// URL, got {args.rtmp!r}")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UserError("--tls-cert and --tls-key go together (a certificate and its private key)")
-    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+    try:
+        given = mesh_tls_from_args(args)
+    except SystemExit as exc:
+        raise UserError(str(exc).removeprefix("error: ")) from None
+    files = [("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)]
+    if given is not None:
+        files += [("--mesh-tls-ca", given.ca), ("--mesh-tls-cert", given.cert), ("--mesh-tls-key", given.key)]
+    for flag, path in files:
         if path is not None and not path.is_file():
             raise UserError(f"{flag} {path}: no such file")
     try:
@@ -164,6 +183,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UserError(f"restart policy: {exc}") from exc
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="inferix-serve-"))).resolve()
+    if given is not None:
+        resolved = type(given)(given.ca.resolve(), given.cert.resolve(), given.key.resolve())
+        mesh_tls = dict.fromkeys(MESH_ROLES, resolved)
+    elif args.mesh_tls:
+        mesh_tls = make_mesh_pki(workdir / "mesh-tls", MESH_ROLES)
+    else:
+        mesh_tls = {}
     token = os.environ.get(INTERNAL_TOKEN_ENV)
     config = MeshConfig(
         workdir=workdir,
@@ -188,6 +214,7 @@ def run(args: argparse.Namespace) -> int:
         scheduler_host=args.host,
         tls_cert=args.tls_cert.resolve() if args.tls_cert else None,
         tls_key=args.tls_key.resolve() if args.tls_key else None,
+        mesh_tls=mesh_tls,
     )
     pods = f" of {args.ranks_per_worker} ranks" if args.ranks_per_worker > 1 else ""
     model = args.model or "toyworld (built-in)"
@@ -240,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_addresses(mesh: Mesh, workdir: Path) -> None:
     tls = " (TLS; --ca FILE when a private CA signed it)" if mesh.config.tls else ""
+    serve = mesh.config.mesh_tls.get("serve")
+    mesh_line = f"mesh TLS    mutual TLS between the services, CA {serve.ca}\n" if serve is not None else ""
     print(
         f"scheduler   {mesh.address}   <- clients: inferix session --server {mesh.address} ...{tls}\n"
         f"streamer    {mesh.streamer.address}\n"
@@ -250,6 +279,7 @@ def _print_addresses(mesh: Mesh, workdir: Path) -> None:
             else f"rtmp        {mesh.rtmp_note}\n"
         )
         + f"kvcache     {mesh.kvcache.address}\n"
+        + mesh_line
         + "".join(f"{w.name:<11} {w.address}\n" for w in mesh.workers)
         + "metrics     "
         + " ".join(f"{p.name}:{p.metrics_port}" for p in mesh.processes() if p.metrics_port)

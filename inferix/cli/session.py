@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from inferix.cli.scheduler_address import TLS_EPILOG, add_scheduler_address_arguments
 from inferix.errors import UserError
 
 
@@ -16,27 +17,9 @@ def register(subparsers: Any) -> None:
         "session",
         help="create, watch and control sessions on a running mesh",
         description="Talk to an Inferix scheduler (started by `inferix serve` or a cluster).",
-        epilog="TLS: --server grpcs://HOST:PORT (or --tls) checks the server's certificate against the system's "
-        "roots, or against --ca FILE (env INFERIX_CA) for a private CA; a plain HOST:PORT is plaintext.",
+        epilog=TLS_EPILOG,
     )
-    parser.add_argument(
-        "--server",
-        default=os.environ.get("INFERIX_SERVER", "127.0.0.1:50051"),
-        help="scheduler address: HOST:PORT (plaintext) or grpcs://HOST:PORT (TLS); env INFERIX_SERVER",
-    )
-    parser.add_argument(
-        "--tls",
-        action="store_true",
-        default=None,
-        help="connect over TLS even to a plain HOST:PORT (grpcs:// implies it)",
-    )
-    parser.add_argument(
-        "--ca",
-        type=Path,
-        default=os.environ.get("INFERIX_CA") or None,
-        help="PEM file of the CA that signed the scheduler's certificate (implies --tls; default: the system's "
-        "roots; env INFERIX_CA)",
-    )
+    add_scheduler_address_arguments(parser)
     parser.add_argument("--api-key", default=os.environ.get("INFERIX_API_KEY"), help="API key (env INFERIX_API_KEY)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per call")
     commands = parser.add_subparsers(dest="session_command", metavar="ACTION", required=True)

@@ -18,6 +18,11 @@ certificate and that the scheduler answers its health check.
 The streamer serves the viewer page, WHEP and the page API over HTTPS with the same pair (viewer links
 are https://); its gRPC port stays plaintext, for the mesh only.
 
+Mesh TLS (`mesh_tls`, one `MeshTls` per service role, see inferix/mesh/pki.py): every internal port
+(kvcache_svc, the streamer's gRPC, the workers, the scheduler's internal port) requires mutual TLS; each
+child gets its role's certificate in INFERIX_MESH_TLS_*, and a plaintext health-only port that the
+mesh's own checks use. The internal token is still sent and checked.
+
 Live outputs: the streamer serves the viewer page (WebRTC) on its HTTP port, and the scheduler and
 streamer share a fresh viewer secret (INFERIX_VIEWER_SECRET) to sign and check viewer tokens. When
 nginx with the RTMP module is installed, a local RTMP server is started too (config generated in
@@ -40,10 +45,13 @@ from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc
 from inferix.health import check
 from inferix.mesh.launch import ServiceProcess, ServiceStartError, StartingService, launch_service
 from inferix.mesh.rtmp_relay import NginxRtmp, nginx_rtmp_missing, start_nginx_rtmp
+from inferix.mesh_tls import MeshTls
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
 from inferix.viewer_token import SECRET_ENV
 
 log = logging.getLogger("inferix.serve")
+# Who holds a mesh TLS certificate: the four services, and `inferix serve` itself (its own checks).
+MESH_ROLES = ("kvcache", "streamer", "worker", "scheduler", "serve")
 WORKER_REGISTRATION_TIMEOUT_S = 180.0  # a worker loads its model, then probes its capacity, then registers
 COMPILE_WARM_UP_S = 900.0  # more for a worker started with --compile (inductor on a CPU: minutes)
 
@@ -84,6 +92,8 @@ class MeshConfig:
     scheduler_host: str = "127.0.0.1"
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # Mutual TLS between the services: the certificate of each role in MESH_ROLES ({}: off).
+    mesh_tls: dict[str, MeshTls] = field(default_factory=dict)
 
     @property
     def tls(self) -> bool:
@@ -110,9 +120,15 @@ class Mesh:
 
     @property
     def internal_address(self) -> str:
-        """Where the mesh's own services reach the scheduler (plaintext: its internal port with TLS)."""
+        """Where the mesh's own services reach the scheduler (its internal port with TLS or mesh TLS)."""
         internal = self.scheduler.ports.get("internal")
         return f"127.0.0.1:{internal}" if internal else self.scheduler.address
+
+    @property
+    def health_address(self) -> str:
+        """Where the scheduler answers health checks without a certificate (its health port with mesh TLS)."""
+        health = self.scheduler.ports.get("health")
+        return f"127.0.0.1:{health}" if health else self.internal_address
 
     def processes(self) -> list[ServiceProcess]:
         """The gRPC services."""
@@ -198,7 +214,7 @@ def _launch_worker(
         module = "torch.distributed.run"
     # A worker listens once its model is loaded: longer than the control plane's start-up.
     timeout = 180 + (COMPILE_WARM_UP_S if config.compile else 0)
-    return _launch(config, name, module, args, 0, metrics_port, append_log, timeout=timeout)
+    return _launch(config, name, module, args, 0, metrics_port, append_log, timeout=timeout, role="worker")
 
 
 def _launch(
@@ -211,14 +227,21 @@ def _launch(
     append_log: bool,
     timeout: float = 60.0,
     host: str = "127.0.0.1",
+    role: str = "",
 ) -> StartingService:
-    """One of the mesh's services on `host:port` (0 = any port), with the mesh's environment and metrics."""
+    """One of the mesh's services on `host:port` (0 = any port), with the mesh's environment and metrics (and
+    with mesh TLS: `role`'s certificate, and a plaintext health-only port for the mesh's checks)."""
+    env = config.env
+    mesh = config.mesh_tls.get(role or name)
+    if mesh is not None:
+        env = {**env, **mesh.environ()}
+        args = [*args, "--health-port", "0"]
     return launch_service(
         name,
         module,
         args,
         config.workdir,
-        env=config.env,
+        env=env,
         timeout=timeout,
         metrics=config.metrics,
         port=port,
@@ -278,10 +301,10 @@ def _launch_scheduler(
     return _launch(config, "scheduler", "scheduler", args, port, metrics_port, append_log, host=config.scheduler_host)
 
 
-def _check_scheduler(config: MeshConfig, scheduler: ServiceProcess, internal_address: str) -> None:
-    """The scheduler answers its health check (on its internal port with TLS) and, with TLS, its client port
-    completes a handshake with the configured certificate."""
-    serving, status = check(internal_address, "inferix.v1.SchedulerService", timeout=10)
+def _check_scheduler(config: MeshConfig, scheduler: ServiceProcess, health_address: str) -> None:
+    """The scheduler answers its health check (on its internal port with TLS, its health port with mesh TLS)
+    and, with TLS, its client port completes a handshake with the configured certificate."""
+    serving, status = check(health_address, "inferix.v1.SchedulerService", timeout=10)
     if not serving:
         raise ServiceStartError(f"scheduler is not serving ({status}); its log: {scheduler.log_path}")
     if config.tls_cert is None:
@@ -334,7 +357,13 @@ def _wait_registered(config: MeshConfig, kvcache: ServiceProcess, workers: list[
     token = ((INTERNAL_TOKEN_HEADER, config.env[INTERNAL_TOKEN_ENV]),)
     limit = WORKER_REGISTRATION_TIMEOUT_S + (COMPILE_WARM_UP_S if config.compile else 0)
     deadline = time.monotonic() + limit
-    with grpc.insecure_channel(kvcache.address) as channel:
+    mesh = config.mesh_tls.get("serve")
+    opened = (
+        grpc.secure_channel(kvcache.address, mesh.channel_credentials())
+        if mesh is not None
+        else grpc.insecure_channel(kvcache.address)
+    )
+    with opened as channel:
         stub = kvcache_pb2_grpc.KVCacheServiceStub(channel)
         while True:
             reply = stub.ListWorkers(kvcache_pb2.ListWorkersRequest(), timeout=10, metadata=token)
@@ -381,7 +410,7 @@ def start_mesh(config: MeshConfig) -> Mesh:
         ).wait()
         started.append(scheduler)
         mesh = Mesh(config, kvcache, streamer, workers, scheduler, rtmp_server, rtmp_url, rtmp_note, viewer_url)
-        _check_scheduler(config, scheduler, mesh.internal_address)
+        _check_scheduler(config, scheduler, mesh.health_address)
         _wait_registered(config, kvcache, workers)
         return mesh
     except BaseException:

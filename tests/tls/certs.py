@@ -66,8 +66,10 @@ class Authority:
         hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
         valid_days: float = 30,
         expired: bool = False,
+        client: bool = False,
     ) -> tuple[Path, Path]:
-        """A server certificate for `hosts` (IPs or DNS names): (cert PEM, key PEM) under `folder`."""
+        """A server certificate for `hosts` (IPs or DNS names), also a client one with `client` (mutual TLS):
+        (cert PEM, key PEM) under `folder`."""
         key = ec.generate_private_key(ec.SECP256R1())
         names: list[x509.GeneralName] = []
         for host in hosts:
@@ -86,7 +88,13 @@ class Authority:
             .not_valid_before(start)
             .not_valid_after(end)
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]
+                    + ([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
+                ),
+                critical=False,
+            )
             .sign(self.key, hashes.SHA256())
         )
         cert_path, key_path = folder / f"{name}.crt", folder / f"{name}.key"

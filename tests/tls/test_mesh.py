@@ -91,3 +91,17 @@ def test_a_restarted_scheduler_serves_tls_again(tls_mesh: Mesh, pki: Pki) -> Non
     with Client(tls_mesh.address, api_key=KEY_A, ca=pki.ca.cert_path, timeout=60) as client:
         assert isinstance(client.list_sessions(), list)
     assert check(tls_mesh.internal_address, "inferix.v1.SchedulerService") == (True, "SERVING")
+
+
+def test_lvbench_runs_over_tls(tls_mesh: Mesh, pki: Pki, tmp_path: Path) -> None:
+    """`inferix lvbench run` takes --tls / --ca as `inferix session` does (inferix/cli/scheduler_address.py)."""
+    annotations = tmp_path / "annotations.json"
+    video = {"video_id": "ball", "captions": [{"start": 0.0, "end": 0.5, "text": "a red ball bouncing"}]}
+    annotations.write_text(json.dumps({"videos": [video]}))
+    out = tmp_path / "videos"
+    args = ["lvbench", "run", "--annotations", str(annotations), "--out", str(out), "--api-key", KEY_A, "--quiet"]
+    served = inferix_cli(*args, "--server", tls_mesh.scheduler.address, "--tls", "--ca", str(pki.ca.cert_path))
+    assert served.returncode == 0 and "1 of 1 videos" in served.stdout, served.stdout + served.stderr
+    assert (out / "ball.mp4").stat().st_size > 0
+    missing = inferix_cli(*args, "--server", tls_mesh.address, "--ca", str(tmp_path / "no-ca.pem"))
+    assert missing.returncode == 2 and "--server / --ca: CA file" in missing.stderr, missing.stderr
