@@ -62,6 +62,8 @@ class Registration:
     # Called once the server listens, with the port the mesh's services reach it on (e.g. to register with
     # another service): the bound port, or the plaintext internal port when the public one serves TLS.
     on_start: Callable[[int], Awaitable[None]] | None = None
+    # Told which signal stops the server (SIGTERM or SIGINT) before `drain` runs.
+    stopped_by: Callable[[signal.Signals], None] | None = None
 
 
 @dataclass
@@ -335,11 +337,19 @@ async def run_server(
         await registration.on_start(ports.get("internal", port))
 
     stop = asyncio.Event()
+    received: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     await stop.wait()
-    log.info("shutting down: draining in-flight work (grace %.1fs)", options.grace_s)
+    log.info("shutting down (%s): draining in-flight work (grace %.1fs)", received[0].name, options.grace_s)
+    if registration.stopped_by is not None:
+        registration.stopped_by(received[0])
     await health_servicer.enter_graceful_shutdown()
     if registration.drain is not None:
         try:

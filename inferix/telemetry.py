@@ -63,9 +63,12 @@ def client_interceptors() -> list[Any]:
 
 
 def server_interceptor() -> Any:
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+    """Server spans for our own services. Not for grpc.health.v1: its aio `Watch` writes with
+    `context.write` instead of yielding, which the OpenTelemetry interceptor cannot wrap (every Watch
+    failed with a TypeError), and health probes are noise in traces anyway."""
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
-    return aio_server_interceptor()
+    return aio_server_interceptor(filter_=filters.negate(filters.service_name("grpc.health.v1.Health")))
 
 
 class _ClientCallDetails(grpc.ClientCallDetails):

@@ -24,6 +24,9 @@ WORKERS_ALIVE = Gauge(
 WORKERS_REGISTERED = Gauge("inferix_kvcache_workers_registered", "Workers registered, alive or not")
 PAGES_TOTAL = Gauge("inferix_kvcache_pages_total", "KV pool pages declared by alive workers")
 PAGES_USED = Gauge("inferix_kvcache_pages_used", "KV pool pages in use on alive workers, as last reported")
+HOST_PAGES_USED = Gauge(
+    "inferix_kvcache_host_pages_used", "KV pages offloaded to host memory on alive workers, as last reported"
+)
 PAGES_RESERVED = Gauge("inferix_kvcache_pages_reserved", "KV pool pages reserved by admitted sessions on alive workers")
 ADMISSIONS = Counter("inferix_kvcache_admissions", "Admit requests by outcome", ["outcome"])
 REFUSALS = Counter(
@@ -52,6 +55,7 @@ async def refresh(registry: Registry) -> None:
     WORKERS_ALIVE.set(len(alive))
     PAGES_TOTAL.set(sum(r.total_pages for r in alive))
     PAGES_USED.set(sum(r.used_pages for r in alive))
+    HOST_PAGES_USED.set(sum(r.host_pages_used for r in alive))
     PAGES_RESERVED.set(sum(r.reserved_pages for r in alive))
     STREAM_LOAD.set(sum(r.stream_load for r in alive))
 

@@ -4,6 +4,9 @@ Each running session has one dispatch task that runs its blocks in order on its 
 `lookahead` blocks ahead of real-time playback, applying prompt changes / pause / stop at block
 boundaries, announcing each block once and persisting the record after each. A worker that fails
 mid-session is replaced through `Placement` and the session continues from its committed blocks.
+A worker that drains (SIGTERM: scale-in, rolling update) is no failure: `DrainWatch` flags its
+sessions, and each moves right after its block in flight (committed there), without counting
+against `max_recoveries`, so a session survives any number of rolling updates.
 
 With a persistent store the scheduler may restart at any time: `drain` (SIGTERM) hands the live
 sessions over at a block boundary (it does not end them), and `resume` on the next scheduler
@@ -24,6 +27,7 @@ from inferix.api.v1 import common_pb2, scheduler_pb2
 from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from scheduler import metrics
 from scheduler.config import Presets, SchedulerConfig
+from scheduler.handover import DrainWatch
 from scheduler.placement import Placement
 from scheduler.quotas import Quotas
 from scheduler.sessions import SessionRecord
@@ -61,6 +65,7 @@ class Dispatcher:
         self.quotas = quotas or Quotas()
         self.stopping = False
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.watch = DrainWatch(placement.workers)
 
     def start(self, record: SessionRecord) -> None:
         self._tasks[record.session_id] = asyncio.create_task(self._run(record), name=f"session-{record.session_id}")
@@ -111,6 +116,7 @@ class Dispatcher:
             record.wake()
         if self._tasks:
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self.watch.close()
         for record in self.table.records.values():
             record.close_subscribers()
 
@@ -154,7 +160,11 @@ class Dispatcher:
         if record.paused_since is None:
             record.set_state(common_pb2.SESSION_STATE_RUNNING, f"running on {record.worker_id}")
         await self.table.persist(record)
-        return await self._dispatch_blocks(record)
+        self.watch.follow(record)
+        try:
+            return await self._dispatch_blocks(record)
+        finally:
+            self.watch.unfollow(record)
 
     def _handover(self) -> Ending | None:
         """At a shutdown: None (resume it later) with a persistent store, else the session ends as failed."""
@@ -176,6 +186,9 @@ class Dispatcher:
                 return Ending(common_pb2.SESSION_STATE_COMPLETED, "stopped" if record.stop_requested else "done")
             if self.stopping:
                 return self._handover()
+            if record.worker_leaving:  # paused or waiting for playback too: the new worker restores meanwhile
+                await self._move(record)
+                continue
             if record.paused_since is not None:
                 await record.wait(None)
                 continue
@@ -210,7 +223,14 @@ class Dispatcher:
                 await self._run_block(record, block, recache)
             except Exception as exc:
                 failure = self.placement.failure(exc)
-                if failure is None or recoveries >= self.config.max_recoveries:
+                refused = failure == "UNAVAILABLE" and await self.placement.drains(record)
+                if failure is not None and (record.worker_leaving or refused):
+                    record.worker_leaving = True  # its draining worker refused the block: it moves (above)
+                    continue
+                if failure is None:
+                    raise
+                if recoveries >= self.config.max_recoveries:
+                    metrics.RECOVERY_FAILURES.inc()
                     raise
                 recoveries += 1
                 await self._recover(record, failure)
@@ -241,6 +261,7 @@ class Dispatcher:
             metrics.TIME_TO_FIRST_BLOCK.observe(time.time() - record.created_at)
         metrics.BLOCKS.inc()
         metrics.BLOCK_LATENCY.observe(elapsed)
+        metrics.BLOCK_VIDEO_SECONDS.inc(event.num_frames / self.presets.get(record.spec.model).video.fps)
         record.announce(event)
         await self.table.persist(record)
         metrics.DISPATCH_OVERHEAD.observe(time.perf_counter() - started - call_s)
@@ -253,7 +274,34 @@ class Dispatcher:
                 state=scheduler_pb2.StateChange(state=record.state, reason=f"worker {failed} failed; recovering")  # type: ignore[arg-type]
             )
         )
-        await self.placement.replace(record, f"{failure} during a block")
+        self.watch.unfollow(record)
+        try:
+            await self.placement.replace(record, f"{failure} during a block")
+        except RuntimeError:
+            if not record.cancel_requested:
+                metrics.RECOVERY_FAILURES.inc()
+            raise
+        record.worker_leaving = False  # the failed worker may have been draining too
+        self.watch.follow(record)
         await self.table.persist(record)
         metrics.RECOVERIES.inc()
         log.info("session %s continues on %s from block %d", record.session_id, record.worker_id, record.next_block)
+
+    async def _move(self, record: SessionRecord) -> None:
+        """Its worker drains: place the session again now. Its blocks are committed (the worker finished
+        the one in flight), the new worker restores them, and the streamer's stream goes on."""
+        leaving = record.worker_id
+        self.watch.unfollow(record)  # first: the old worker's watch must not flag it again meanwhile
+        record.worker_leaving = False
+        started = time.perf_counter()
+        record.publish(
+            scheduler_pb2.InteractResponse(
+                state=scheduler_pb2.StateChange(state=record.state, reason=f"worker {leaving} drains; moving")  # type: ignore[arg-type]
+            )
+        )
+        await self.placement.move(record)
+        metrics.HANDOVERS.observe(time.perf_counter() - started)
+        self.watch.follow(record)
+        await self.table.persist(record)
+        log.info("session %s moved off draining worker %s to %s in %.2fs (next block %d)", record.session_id,
+                 leaving, record.worker_id, time.perf_counter() - started, record.next_block)  # fmt: skip

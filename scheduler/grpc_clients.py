@@ -94,6 +94,13 @@ class GrpcWorkers:
             return False
         return True
 
+    async def draining(self, address: str, timeout: float) -> bool:
+        try:
+            reply = await self._health(address).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.NOT_SERVING)
+
     async def open_session(
         self,
         address: str,
@@ -127,8 +134,8 @@ class GrpcWorkers:
         reply = await self._worker(address).RunBlock(request, timeout=timeout)
         return reply.block
 
-    async def close_session(self, address: str, session_id: str, timeout: float) -> None:
-        request = worker_pb2.CloseSessionRequest(session_id=session_id, finish_stream=True)
+    async def close_session(self, address: str, session_id: str, timeout: float, finish_stream: bool = True) -> None:
+        request = worker_pb2.CloseSessionRequest(session_id=session_id, finish_stream=finish_stream)
         try:
             await self._worker(address).CloseSession(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:

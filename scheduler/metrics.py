@@ -18,5 +18,22 @@ DISPATCH_OVERHEAD = Histogram(
     "Scheduler time per block outside the worker call",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05),
 )
+BLOCK_VIDEO_SECONDS = Counter(
+    "inferix_block_video_seconds_total",
+    "Seconds of video in the blocks completed (frames / model fps); over inferix_blocks_total, the real-time "
+    "budget of a block",
+)
 SESSIONS = Gauge("inferix_sessions", "Sessions by state", ["state"])
+QUEUE_OLDEST = Gauge(
+    "inferix_session_queue_oldest_seconds", "How long the oldest session waiting for a worker has waited (0: none)"
+)
 RECOVERIES = Counter("inferix_session_recoveries_total", "Sessions moved to another worker after a failure")
+HANDOVERS = Histogram(
+    "inferix_session_handover_seconds",
+    "Sessions moved off a draining worker (SIGTERM: scale-in, rolling update): seconds to place one again",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
+RECOVERY_FAILURES = Counter(
+    "inferix_session_recovery_failures_total",
+    "Worker failures a session could not recover from (no worker to move to, or too many recoveries): it failed",
+)

@@ -143,6 +143,10 @@ class WorkerClient(Protocol):
         """Whether the worker answers a health check."""
         ...
 
+    async def draining(self, address: str, timeout: float) -> bool:
+        """Whether the worker answers that it drains (health NOT_SERVING)."""
+        ...
+
     async def open_session(
         self,
         address: str,
@@ -168,8 +172,8 @@ class WorkerClient(Protocol):
         """Make one block (holding `action`, for action-conditioned models); it is committed when this returns."""
         ...
 
-    async def close_session(self, address: str, session_id: str, timeout: float) -> None:
-        """Finish the session's outputs (its MP4 is written) and drop it (`CallFailed`)."""
+    async def close_session(self, address: str, session_id: str, timeout: float, finish_stream: bool = True) -> None:
+        """Drop the session and, with `finish_stream`, finish its outputs (its MP4 is written) (`CallFailed`)."""
         ...
 
     async def prefetch(self, address: str, session_id: str, timeout: float) -> None:
@@ -195,6 +199,10 @@ class Placement:
         if isinstance(exc, WorkerUnresponsive):
             return str(exc)
         return self.workers.unreachable(exc)
+
+    async def drains(self, record: SessionRecord) -> bool:
+        """Whether the session's worker drains (it refuses blocks then, which is no failure)."""
+        return await self.workers.draining(record.worker_address, timeout=self.config.probe_timeout_s)
 
     async def served_models(self) -> set[str]:
         """Models of the registered workers that are up (a suspect one still counts: it may come back).
@@ -245,11 +253,27 @@ class Placement:
         # Reported, not excluded: kvcache_svc admits nothing on it until it heartbeats again, so the same
         # worker id is eligible once it has restarted (the only worker of a small mesh, a StatefulSet pod).
         await self._report_failure(failed, reason)
+        await self._place_again(record, f"{failed} failed")
+
+    async def move(self, record: SessionRecord) -> None:
+        """Move the session off its draining worker: drop it there first (the worker exits once its
+        sessions are gone; its blocks are committed), then place it again like `replace`. Not reported:
+        the worker left placement itself and is eligible again once it has restarted and registered."""
+        leaving = record.worker_id
+        try:
+            await self.workers.close_session(
+                record.worker_address, record.session_id, timeout=self.config.internal_deadline_s, finish_stream=False
+            )
+        except CallFailed as exc:  # gone already: nothing to drop
+            log.info("dropping %s on draining worker %s: %s", record.session_id, leaving, exc.code)
+        await self._place_again(record, f"{leaving} drained")
+
+    async def _place_again(self, record: SessionRecord, why: str) -> None:
         record.worker_id = record.worker_address = ""
         deadline = time.monotonic() + self.config.block_deadline_s
         while not await self.try_place(record):
             if time.monotonic() > deadline or record.cancel_requested:
-                raise RuntimeError(f"no worker could take over session {record.session_id} after {failed} failed")
+                raise RuntimeError(f"no worker could take over session {record.session_id} after {why}")
             await record.wait(self.config.admission_retry_s)
 
     async def run_block(self, record: SessionRecord, block: int, recache: bool) -> common_pb2.BlockEvent:

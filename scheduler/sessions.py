@@ -99,6 +99,8 @@ class SessionRecord:
     state: int = common_pb2.SESSION_STATE_QUEUED
     worker_id: str = ""
     worker_address: str = ""
+    # Its worker drains (SIGTERM): move the session after its block in flight. Not persisted.
+    worker_leaving: bool = False
     # kvcache_svc's last refusal to admit it (why it waits for room); empty once placed. Not persisted.
     no_room: str = ""
     next_block: int = 0

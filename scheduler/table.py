@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from inferix.api.v1 import common_pb2
@@ -31,6 +32,12 @@ class SessionTable:
         # Sessions found on workers that no record describes (a restart without a persistent store): id -> reason.
         self.lost: dict[str, str] = {}
         self.loaded = asyncio.Event()  # stored sessions are back in `records`
+        metrics.QUEUE_OLDEST.set_function(self.oldest_queued_s)  # at scrape time (another thread): waiting grows alone
+
+    def oldest_queued_s(self) -> float:
+        """How long the oldest queued session has waited for a worker (0 when none waits)."""
+        queued = [r.created_at for r in list(self.records.values()) if r.state == common_pb2.SESSION_STATE_QUEUED]
+        return max(0.0, time.time() - min(queued)) if queued else 0.0
 
     @property
     def persistent(self) -> bool:

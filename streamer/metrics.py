@@ -49,4 +49,7 @@ TIME_TO_FIRST_FRAME = Histogram(
 )
 VIEWERS = Gauge("inferix_streamer_webrtc_viewers", "Connected WebRTC viewers (all sessions)")
 RTMP_CONNECTS = Counter("inferix_streamer_rtmp_connects", "Successful RTMP connections (reconnects included)")
+RTMP_RECONNECTS = Counter(
+    "inferix_streamer_rtmp_reconnects", "RTMP connections made again after a failure (a session's later connections)"
+)
 RTMP_FAILURES = Counter("inferix_streamer_rtmp_failures", "RTMP connection attempts or pushes that failed")

@@ -198,6 +198,8 @@ class RtmpPublisher:
         self.connects += 1
         self.error = ""
         metrics.RTMP_CONNECTS.inc()
+        if self.connects > 1:
+            metrics.RTMP_RECONNECTS.inc()
         log.info("session %s: pushing rtmp to %s", self.session_id, self.url)
         return container, stream
 

@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import socket
 import sys
 import uuid
@@ -222,13 +223,23 @@ def serve(
             address = args.advertise_address or f"{options.host}:{port}"
             tasks.append(asyncio.create_task(service.register_and_heartbeat(address, stop)))
 
+        def stopped_by(sig: signal.Signals) -> None:
+            # SIGTERM (pod deleted, scaled in, rolled): the schedulers move the sessions away, wait for
+            # that. SIGINT (Ctrl-C, or `inferix serve` stopping the whole mesh after its scheduler):
+            # nobody is left to move them, so stop once the blocks in flight are committed.
+            service.hand_over = sig == signal.SIGTERM
+
         async def drain() -> None:
+            # Take no session or block from now on; health is NOT_SERVING already, which tells the
+            # schedulers to move this worker's sessions after their blocks in flight, which are
+            # finished, published and committed here first.
+            service.draining = True
             stop.set()  # no heartbeat may revive the record after it is deregistered
             await asyncio.gather(*tasks, return_exceptions=True)
             await service.deregister()
             await service.drain()
 
-        return Registration(registration.service_names, drain=drain, on_start=on_start)
+        return Registration(registration.service_names, drain=drain, on_start=on_start, stopped_by=stopped_by)
 
     asyncio.run(run_server("worker", options, register, internal_methods=("/inferix.v1.WorkerService/",)))
 

@@ -10,6 +10,11 @@ BLOCK_SECONDS = Histogram(
     "Engine time per block (denoise + context pass + VAE decode)",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32),
 )
+VIDEO_SECONDS = Counter(
+    "inferix_worker_video_seconds_total",
+    "Seconds of video in the blocks generated (frames / model fps); over the rate of inferix_worker_block_seconds_sum, "
+    "the real-time factor of this worker's streams (below 1: behind real time)",
+)
 SESSIONS = Gauge("inferix_worker_sessions", "Sessions open on this worker")
 KV_PAGES_USED = Gauge("inferix_worker_kv_pages_used", "KV pool pages in use")
 OFFLOADS = Counter("inferix_worker_offloads_total", "Sessions whose KV pages were moved to host memory")

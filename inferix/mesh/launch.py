@@ -76,11 +76,12 @@ class ServiceProcess:
             return True
         return self._serving_child() is not None and _running(self.serving_pid)
 
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM (to the serving process), wait up to `timeout`, then SIGKILL. Returns the exit code."""
+    def stop(self, timeout: float = 15.0, sig: signal.Signals = signal.SIGTERM) -> int:
+        """`sig` (to the serving process; a worker hands its sessions over on SIGTERM, not on SIGINT),
+        wait up to `timeout`, then SIGKILL. Returns the exit code."""
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._serving_child() or self.pid, signal.SIGTERM)
+                os.kill(self._serving_child() or self.pid, sig)
             try:
                 code = self.process.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import signal
 import socket
 import ssl
 import time
@@ -185,8 +186,14 @@ class Mesh:
             self.workers[index] = child
 
     def stop(self) -> dict[str, int]:
-        """SIGTERM every process, scheduler first (it stops sessions at a block boundary)."""
-        return {p.name: p.stop() for p in self.children()}
+        """Stop every process, scheduler first (it stops sessions at a block boundary, and with a store
+        leaves them to resume), each with its `stop_signal`."""
+        return {p.name: p.stop(sig=self.stop_signal(p)) for p in self.children()}
+
+    def stop_signal(self, child: ServiceProcess) -> signal.Signals:
+        """SIGTERM, but SIGINT for a worker when the whole mesh stops: no scheduler is left to move its
+        sessions, so it must not wait for that as a SIGTERM'd worker does."""
+        return signal.SIGINT if child in self.workers else signal.SIGTERM
 
 
 def _launch_worker(

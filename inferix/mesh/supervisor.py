@@ -12,6 +12,12 @@ A child that exits again after `crash_loop_restarts` restarts within `crash_loop
 crash loop: `run` returns a `CrashLoop` naming it and its log, and the caller stops the mesh.
 A restart that fails (the process exits before it listens, or never listens) counts as an exit.
 
+A worker sent SIGTERM on its own (`kill <pid>`: a scale-in or rolling update by hand) drains: it
+commits its blocks in flight, the scheduler moves its sessions to the other workers, and it exits 0.
+That exit is restarted like any other, with the same backoff and crash-loop count, as Kubernetes
+brings a deleted StatefulSet pod back: the new process registers under the same worker id, which
+clears its departure, and takes sessions again. Only `request_stop` / `stop` end a child for good.
+
 The restart is opt-in: `start_mesh` alone restarts nothing (the tests kill and replace workers
 themselves). While stopping (`request_stop`, e.g. from a signal handler) nothing is restarted, and
 `stop` ends the restarts in progress along with every child, in the mesh's stop order.
@@ -20,6 +26,7 @@ themselves). While stopping (`request_stop`, e.g. from a signal handler) nothing
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -130,6 +137,8 @@ class Children(Protocol):
 
     def replace(self, child: ServiceProcess) -> None: ...
 
+    def stop_signal(self, child: ServiceProcess) -> signal.Signals: ...
+
 
 class Supervisor:
     def __init__(self, mesh: Children, policy: RestartPolicy | None = None) -> None:
@@ -189,7 +198,7 @@ class Supervisor:
                 child.kill()  # exited already: reap it
                 codes[child.name] = starting.stop()
             else:
-                codes[child.name] = child.stop()
+                codes[child.name] = child.stop(sig=self.mesh.stop_signal(child))
         self._due.clear()
         return codes
 

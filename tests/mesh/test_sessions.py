@@ -185,8 +185,13 @@ def test_unknown_session_and_bad_first_command(client: Client) -> None:
 def test_every_service_answers_health_checks(mesh: Mesh) -> None:
     for process in mesh.processes():
         with grpc.insecure_channel(process.address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=10)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING, process.name
+            # Watch streams the status (what a scheduler or a load balancer may follow instead of polling)
+            watch = stub.Watch(health_pb2.HealthCheckRequest(), timeout=10)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING, process.name
+            watch.cancel()
 
 
 def test_internal_services_refuse_calls_without_the_mesh_token(client: Client, mesh: Mesh) -> None:

@@ -27,6 +27,7 @@ from tests.streamer.live import (
     wait_until,
 )
 from tests.streamer.media import Video, ffprobe
+from tests.streamer.test_service import scrape
 
 ERROR = streamer_pb2.OUTPUT_EVENT_KIND_ERROR
 RECOVERED = streamer_pb2.OUTPUT_EVENT_KIND_RECOVERED
@@ -98,6 +99,7 @@ def test_rtmp_stream_is_playable_and_resumes_after_the_server_restarts(rig: Rig)
     wait_until(lambda: stream_info(rig.stub, video.session_id).live.rtmp_state == "ended", 10, "the live tail")
     live = stream_info(rig.stub, video.session_id).live
     assert live.rtmp_connects == 2 and live.frames_out == frames
+    assert scrape(rig.streamer)["inferix_streamer_rtmp_reconnects_total"] >= 1  # this session's second connection
     assert live.dropped_frames["rtmp"] > 0 and live.frames_sent["rtmp"] + live.dropped_frames["rtmp"] <= frames
     recorded = ffprobe(rig.recordings / f"{video.session_id}.mp4")
     assert int(recorded["nb_read_frames"]) == frames  # the MP4 has every frame despite the outage
