@@ -4,8 +4,9 @@ For each values set -- the chart's defaults, every `examples/*.yaml`, every `ci/
 this runs `helm lint --strict`, then for each Kubernetes version in KUBE_VERSIONS renders the chart
 with `helm template --kube-version` and validates each manifest with `kubernetes-validate --strict`
 (the package's JSON schemas of that Kubernetes version, unknown fields rejected). A manifest whose kind has
-no schema fails, except the CRD kinds in CRD_KINDS (the prometheus-operator ServiceMonitor), which
-are skipped by name and reported as skipped.
+no schema fails, except the CRD kinds in CRD_KINDS (prometheus-operator's ServiceMonitor and
+PrometheusRule, KEDA's ScaledObject, cert-manager's Certificate), which are skipped by name and
+reported as skipped.
 
 helm is the binary `scripts/install-helm.sh` puts in `.tools/bin` (installed on first use).
 """
@@ -32,7 +33,14 @@ HELM = ROOT / ".tools" / "bin" / "helm"
 # The Kubernetes versions the chart supports (Chart.yaml kubeVersion >= 1.29) and is validated against.
 KUBE_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.32.0")
 # (apiVersion, kind) of custom resources: no schema in kubernetes-validate, skipped explicitly.
-CRD_KINDS = frozenset({("monitoring.coreos.com/v1", "ServiceMonitor")})
+CRD_KINDS = frozenset(
+    {
+        ("monitoring.coreos.com/v1", "ServiceMonitor"),
+        ("monitoring.coreos.com/v1", "PrometheusRule"),
+        ("keda.sh/v1alpha1", "ScaledObject"),
+        ("cert-manager.io/v1", "Certificate"),
+    }
+)
 RELEASE = "inferix"
 NAMESPACE = "inferix"
 

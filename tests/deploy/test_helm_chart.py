@@ -16,7 +16,7 @@ import torch.distributed.run as torchrun
 
 from inferix.api.v1 import kvcache_pb2, scheduler_pb2, streamer_pb2, worker_pb2
 from scheduler.auth import ApiKeys
-from tests.deploy.conftest import CHART, ROOT, Manifest, Render, check_helm, containers, find
+from tests.deploy.conftest import CHART, ROOT, Manifest, Render, check_helm, containers, dump, find
 
 MULTI_GPU = "examples/multi-gpu.yaml"
 CPU = "examples/cpu.yaml"
@@ -58,9 +58,11 @@ def test_make_helm_lint_passes() -> None:
     for version in check_helm.KUBE_VERSIONS:
         assert f"kubernetes-validate --strict -k {version}: " in result.stdout
     assert "helm lint --strict: examples/multi-gpu.yaml: ok" in result.stdout
-    # The only manifest not validated is the ServiceMonitor (a CRD), and it is said so.
-    skipped = [line for line in result.stdout.splitlines() if "skipped" in line]
-    assert skipped and all("ServiceMonitor" in line for line in skipped), skipped
+    # The only manifests not validated are custom resources (ServiceMonitor, PrometheusRule,
+    # ScaledObject, ...), and it is said so.
+    skipped = re.findall(r"^  skipped \S+: (\w+)/", result.stdout, re.M)
+    crds = {kind for _, kind in check_helm.CRD_KINDS}
+    assert {"ServiceMonitor", "PrometheusRule", "ScaledObject"} <= set(skipped) <= crds, skipped
 
 
 def test_kubernetes_validate_rejects_what_kubernetes_rejects(render: Render) -> None:
@@ -88,6 +90,9 @@ def test_kubernetes_validate_rejects_what_kubernetes_rejects(render: Render) -> 
         ("scheduler:\n  replicas: 2\n", "/scheduler/replicas"),
         ("streamer:\n  encoder: h265\n", "/streamer/encoder"),
         ("gpus: 8\n", "gpus"),
+        ("worker:\n  autoscaling:\n    enabled: true\n    mode: vpa\n", "/worker/autoscaling/mode"),
+        ("worker:\n  autoscaling:\n    targets:\n      demandPerWorker: 1.5\n", "demandPerWorker"),
+        ("monitoring:\n  dashboard:\n    enable: true\n", "enable"),
     ],
     ids=[
         "negative-replicas",
@@ -97,6 +102,9 @@ def test_kubernetes_validate_rejects_what_kubernetes_rejects(render: Render) -> 
         "two-schedulers",
         "bad-enum",
         "unknown-top-level-key",
+        "unknown-autoscaling-mode",
+        "demand-above-1",
+        "monitoring-typo",
     ],
 )
 def test_broken_values_fail_schema_validation(tmp_path: Path, values: str, message: str) -> None:
@@ -154,6 +162,27 @@ def test_world_size_follows_sequence_parallel(render: Render, ranks: int) -> Non
     else:
         parsed = torchrun.get_args_parser().parse_args(container["command"][1:] + container["args"])
         assert parsed.nproc_per_node == str(ranks)
+
+
+@pytest.mark.parametrize("values", [(), (MULTI_GPU,)])
+def test_a_worker_drains_before_it_is_killed(render: Render, values: tuple[str, ...]) -> None:
+    """SIGTERM drains a worker (blocks in flight committed, sessions moved) within worker.grace: the
+    kubelet's SIGKILL, and torchrun's for a pod's ranks, come only after that, with room to stop."""
+    import yaml
+
+    manifests = render(*values)
+    worker = find(manifests, "StatefulSet", "-worker")
+    container = worker_container(manifests)
+    grace = float(yaml.safe_load((CHART / "values.yaml").read_text())["worker"]["grace"])
+    assert float(flag(container, "grace") or 0) == grace >= 10  # a block in flight on a GPU and the hand-over
+    pod = worker["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= grace + 20, pod["terminationGracePeriodSeconds"]
+    if container["command"][0] == "torchrun":
+        parsed = torchrun.get_args_parser().parse_args(container["command"][1:] + container["args"])
+        assert grace < float(parsed.shutdown_timeout) < pod["terminationGracePeriodSeconds"]
+    # No preStop delay: the scheduler reaches the worker by its pod address, published while it drains.
+    assert "lifecycle" not in container
+    assert find(manifests, "Service", "-worker")["spec"]["publishNotReadyAddresses"] is True
 
 
 def test_cpu_workers_request_no_gpu(render: Render) -> None:
@@ -621,3 +650,190 @@ def test_viewer_https_from_a_secret_and_its_limits(render: Render) -> None:
     default = _parse_env(*_entry_point(plain), _env(plain))
     assert default["http_tls_cert"] is None and "tls" not in {m["name"] for m in plain["volumeMounts"]}
     assert (default["max_body_bytes"], default["max_viewers"]) == ("65536", "16")
+
+
+MESH_TLS = "ci/mesh-tls-values.yaml"
+MESH_TLS_CERT_MANAGER = "ci/mesh-tls-cert-manager-values.yaml"
+MESH_TLS_FILES = ("/etc/inferix/mesh-tls/ca.crt", "/etc/inferix/mesh-tls/tls.crt", "/etc/inferix/mesh-tls/tls.key")
+
+
+def _mesh_tls_pods(manifests: list[Manifest]) -> dict[str, tuple[Manifest, dict[str, Any]]]:
+    """{component: (workload, its service container)} of the four services."""
+    pods = {}
+    for component, kind in (("scheduler", "Deployment"), ("kvcache", "Deployment"), ("streamer", "Deployment")):
+        workload = find(manifests, kind, f"-{component}")
+        (pods[component],) = [(workload, c) for c in containers(workload)]
+    worker = find(manifests, "StatefulSet", "-worker")
+    pods["worker"] = (worker, containers(worker)[0])
+    return pods
+
+
+def test_mesh_tls_gives_each_service_its_secret(render: Render) -> None:
+    """meshTls: each service mounts its own Secret whole (renewals reach the files) and its own parser reads
+    the mesh TLS files and the health port from its environment; the kubelet probes the plaintext health
+    port; the scheduler's internal port (mutual TLS) takes the streamer's calls and nothing else."""
+    manifests = render(MESH_TLS)
+    for component, (workload, container) in _mesh_tls_pods(manifests).items():
+        module, argv = _entry_point(container)
+        args = _parse_env(module, argv, _env(container))
+        assert (args["mesh_tls_ca"], args["mesh_tls_cert"], args["mesh_tls_key"]) == MESH_TLS_FILES, component
+        assert args["health_port"] == "50056", component
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "mesh-tls"]
+        assert mount == {"name": "mesh-tls", "mountPath": "/etc/inferix/mesh-tls", "readOnly": True}
+        (volume,) = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == "mesh-tls"]
+        assert volume["secret"]["secretName"] == f"inferix-mesh-{component}"
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"]["port"] == 50056, (component, probe)
+        if component == "scheduler":
+            assert (args["tls_cert"], args["internal_port"]) == ("/etc/inferix/tls/tls.crt", "50055")
+    (streamer,) = containers(find(manifests, "Deployment", "-streamer"))
+    assert _env(streamer)["INFERIX_SCHEDULER_ADDRESS"] == "inferix-scheduler-internal:50055"
+    assert _components(_allowed(find(manifests, "NetworkPolicy", "-scheduler"), 50055)) == {"streamer"}
+    # Off by default: no mesh TLS file, volume or health port anywhere.
+    for component, (workload, container) in _mesh_tls_pods(render()).items():
+        assert not any(name.startswith("INFERIX_MESH_TLS") for name in _env(container)), component
+        assert "mesh-tls" not in dump(workload) and container["readinessProbe"]["grpc"]["port"] != 50056
+
+
+def test_mesh_tls_certificates_from_cert_manager(render: Render) -> None:
+    """meshTls.certManager: one Certificate per service, into the Secret the service mounts, for the names its
+    callers dial, usable to serve and to call; the scheduler gets an internal port even without TLS."""
+    manifests = render(MESH_TLS_CERT_MANAGER)
+    certificates = {m["metadata"]["name"]: m["spec"] for m in manifests if m["kind"] == "Certificate"}
+    pods = _mesh_tls_pods(manifests)
+    assert sorted(certificates) == sorted(f"inferix-{component}-mesh-tls" for component in pods)
+    for component, (workload, _) in pods.items():
+        spec = certificates[f"inferix-{component}-mesh-tls"]
+        (volume,) = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == "mesh-tls"]
+        assert spec["secretName"] == volume["secret"]["secretName"]
+        assert {"server auth", "client auth"} <= set(spec["usages"])
+        assert spec["issuerRef"] == {"name": "inferix-mesh-ca", "kind": "Issuer", "group": "cert-manager.io"}
+    scheduler, worker, streamer = (pods[name][1] for name in ("scheduler", "worker", "streamer"))
+    dialed = {
+        "kvcache": flag(scheduler, "kvcache"),
+        "streamer": flag(scheduler, "streamer"),
+        "scheduler": _env(streamer)["INFERIX_SCHEDULER_ADDRESS"],
+    }
+    for component, address in dialed.items():
+        assert (
+            address is not None
+            and address.rpartition(":")[0] in certificates[f"inferix-{component}-mesh-tls"]["dnsNames"]
+        ), component
+    advertised = _substitute(flag(worker, "advertise-address") or "", {}).rpartition(":")[0]
+    (wildcard,) = certificates["inferix-worker-mesh-tls"]["dnsNames"]
+    assert wildcard.startswith("*.") and advertised.partition(".")[2] == wildcard[2:]
+    assert flag(scheduler, "internal-port") == "50055" and flag(scheduler, "tls-cert") is None
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ("meshTls: {enabled: true, certManager: {enabled: true}}", "meshTls.certManager.issuerRef.name"),
+        ("meshTls: {enabled: true}\nstreamer: {publicAddress: 'rec.example.com:50054'}", "streamer.publicAddress"),
+        ("meshTls: {enabled: true, healthPort: 0}", "/meshTls/healthPort"),
+    ],
+)
+def test_mesh_tls_values_are_checked(tmp_path: Path, values: str, message: str) -> None:
+    broken = tmp_path / "mesh-tls.yaml"
+    broken.write_text(values)
+    rendered = check_helm.template([broken])  # `helm lint` logs a template's fail() without failing
+    assert rendered.returncode != 0 and message in rendered.stderr, rendered.stderr
+
+
+# ---- autoscaling, dashboards and alerts -----------------------------------------------------------
+
+OPS_HPA = "ci/ops-hpa-values.yaml"
+OPS_KEDA = "ci/ops-keda-values.yaml"
+# Alert -> its runbook section in docs/operations.md.
+RUNBOOKS = {
+    "InferixWorkerBelowRealtime": "#worker-below-real-time",
+    "InferixQueueWaiting": "#sessions-waiting-in-the-queue",
+    "InferixRecoveryFailures": "#recovery-failures",
+    "InferixRtmpPushFailing": "#rtmp-push-failing",
+    "InferixKvPoolNearFull": "#kv-pool-near-full",
+}
+
+
+def test_monitoring_and_autoscaling_are_off_by_default(render: Render) -> None:
+    manifests = render()
+    kinds = {m["kind"] for m in manifests}
+    assert not kinds & {"HorizontalPodAutoscaler", "ScaledObject", "PrometheusRule"}
+    assert not [m for m in manifests if m["metadata"]["name"].endswith("-dashboard")]
+    assert find(manifests, "StatefulSet", "-worker")["spec"]["replicas"] == 1
+
+
+@pytest.mark.parametrize(("values", "kind"), [(OPS_HPA, "HorizontalPodAutoscaler"), (OPS_KEDA, "ScaledObject")])
+def test_worker_autoscaling_scales_in_slowly(render: Render, values: str, kind: str) -> None:
+    manifests = render(values)
+    worker = find(manifests, "StatefulSet", "-worker")
+    assert "replicas" not in worker["spec"]  # the autoscaler's, or each helm upgrade would reset it
+    scaler = find(manifests, kind, "-worker")
+    target = scaler["spec"]["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"], target["name"]) == ("apps/v1", "StatefulSet", "inferix-worker")
+    if kind == "HorizontalPodAutoscaler":
+        spec = scaler["spec"]
+        bounds, behavior = (spec["minReplicas"], spec["maxReplicas"]), spec["behavior"]
+        assert bounds == (2, 8)
+        assert spec["metrics"][0]["external"]["target"] == {"type": "AverageValue", "averageValue": "0.75"}
+    else:
+        spec = scaler["spec"]
+        bounds = (spec["minReplicaCount"], spec["maxReplicaCount"])
+        behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+        assert bounds == (1, 16)
+        [trigger] = spec["triggers"]
+        assert trigger["metadata"]["serverAddress"] == "http://prometheus.monitoring.svc:9090"
+        assert (trigger["metricType"], trigger["metadata"]["threshold"]) == ("AverageValue", "0.8")
+    # Scale-in: only after the stabilization window, one pod per period (each drains its streams first).
+    down = behavior["scaleDown"]
+    assert down["stabilizationWindowSeconds"] == (600 if kind == "HorizontalPodAutoscaler" else 900)
+    assert down["policies"] == [{"type": "Pods", "value": 1, "periodSeconds": 300}]
+    assert down["selectPolicy"] == "Min"
+
+
+def test_alerts_link_their_runbooks(render: Render) -> None:
+    for values, base in [
+        (OPS_HPA, "https://git.example.com/inferix/blob/main/docs/operations.md"),
+        (OPS_KEDA, "docs/operations.md"),
+    ]:
+        rule = find(render(values), "PrometheusRule", "inferix")
+        alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+        assert alerts.keys() == RUNBOOKS.keys()
+        for name, alert in alerts.items():
+            assert alert["annotations"]["runbook_url"] == base + RUNBOOKS[name]
+            assert alert["annotations"]["summary"] and alert["annotations"]["description"], name
+            assert alert["labels"]["severity"] in ("warning", "critical"), name
+    assert alerts["InferixWorkerBelowRealtime"]["for"] == "2m"
+    assert "> 60" in alerts["InferixQueueWaiting"]["expr"]
+    hpa_rule = find(render(OPS_HPA), "PrometheusRule", "inferix")
+    assert hpa_rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["metadata"]["namespace"] == "monitoring"  # ci/ops-keda-values.yaml's choice
+    # Each release's alerts select its own series: the ServiceMonitor's labels, or metricLabels.
+    assert 'namespace="inferix",service="inferix-metrics"' in hpa_rule["spec"]["groups"][0]["rules"][0]["expr"]
+    assert 'cluster="gpu-east",job="inferix-metrics"' in alerts["InferixKvPoolNearFull"]["expr"]
+
+
+def test_dashboard_configmap_for_the_grafana_sidecar(render: Render) -> None:
+    dashboard = find(render(OPS_HPA), "ConfigMap", "-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["metadata"]["annotations"] == {"grafana_folder": "Inferix"}
+    assert dashboard["data"]["inferix.json"] == (CHART / "dashboards" / "inferix.json").read_text().rstrip("\n")
+    panels = {p["title"] for p in json.loads(dashboard["data"]["inferix.json"])["panels"]}
+    assert {
+        "Sessions by state",
+        "Block latency vs the real-time budget",
+        "Real-time factor per worker",
+        "KV pages",
+        "Admission rejections",
+        "Recoveries",
+        "Streamer viewers and RTMP",
+        "Encode time per frame",
+    } <= panels
+    elsewhere = find(render(OPS_KEDA), "ConfigMap", "-dashboard")["metadata"]
+    assert (elsewhere["namespace"], elsewhere["labels"]["grafana_dashboard"]) == ("monitoring", "inferix")
+
+
+def test_autoscaling_bounds_are_checked(tmp_path: Path) -> None:
+    broken = tmp_path / "bounds.yaml"
+    broken.write_text("worker:\n  autoscaling:\n    enabled: true\n    minReplicas: 5\n    maxReplicas: 2\n")
+    rendered = check_helm.template([broken])
+    assert rendered.returncode != 0 and "minReplicas (5) is above maxReplicas (2)" in rendered.stderr, rendered.stderr

@@ -63,11 +63,15 @@ app.kubernetes.io/part-of: inferix
 {{/* In-cluster addresses (host:port) of the services. */}}
 {{/* Where the mesh's own services reach the scheduler (plaintext): its internal Service when it serves TLS. */}}
 {{- define "inferix.schedulerAddress" -}}
-{{- if eq .Values.scheduler.tls.mode "pod" -}}
+{{- if include "inferix.schedulerInternal" . -}}
 {{ include "inferix.fullname" . }}-scheduler-internal:{{ .Values.scheduler.tls.internalPort }}
 {{- else -}}
 {{ include "inferix.fullname" . }}-scheduler:{{ .Values.scheduler.service.port }}
 {{- end }}
+{{- end }}
+{{/* "true" when the scheduler has an internal port for the mesh (TLS mode pod, or mesh TLS), else "". */}}
+{{- define "inferix.schedulerInternal" -}}
+{{- if or (eq .Values.scheduler.tls.mode "pod") .Values.meshTls.enabled }}true{{ end }}
 {{- end }}
 {{- define "inferix.kvcacheAddress" -}}
 {{ include "inferix.fullname" . }}-kvcache:{{ .Values.kvcache.service.port }}
@@ -138,6 +142,17 @@ rtmp://{{ include "inferix.fullname" . }}-rtmp:{{ .Values.rtmp.service.port }}/{
     secretKeyRef:
       name: {{ include "inferix.meshSecret" . }}
       key: internal-token
+{{- if .Values.meshTls.enabled }}
+# Mesh TLS (inferix/mesh_tls.py): the pod's Secret, mounted by "inferix.meshTlsVolumeMount".
+- name: INFERIX_MESH_TLS_CA
+  value: /etc/inferix/mesh-tls/ca.crt
+- name: INFERIX_MESH_TLS_CERT
+  value: /etc/inferix/mesh-tls/tls.crt
+- name: INFERIX_MESH_TLS_KEY
+  value: /etc/inferix/mesh-tls/tls.key
+- name: INFERIX_HEALTH_PORT
+  value: {{ .Values.meshTls.healthPort | quote }}
+{{- end }}
 {{- if .Values.otel.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ .Values.otel.endpoint | quote }}
@@ -167,26 +182,37 @@ rtmp://{{ include "inferix.fullname" . }}-rtmp:{{ .Values.rtmp.service.port }}/{
   containerPort: {{ .root.Values.metrics.port }}
   protocol: TCP
 {{- end }}
+{{- if .root.Values.meshTls.enabled }}
+- name: health
+  containerPort: {{ .root.Values.meshTls.healthPort }}
+  protocol: TCP
+{{- end }}
 {{- end }}
 
-{{/* gRPC health probes (grpc.health.v1): (dict "port" 50051 "service" "inferix.v1.SchedulerService" "startupSeconds" 120) */}}
+{{/* gRPC health probes (grpc.health.v1): (dict "root" $ "port" 50051 "service" "inferix.v1.SchedulerService"
+"startupSeconds" 120). Kubernetes' gRPC probes speak plaintext and present no certificate: with mesh TLS
+they use the plaintext health-only port. */}}
 {{- define "inferix.grpcProbes" -}}
+{{- $port := .port }}
+{{- if .root.Values.meshTls.enabled }}
+{{- $port = .root.Values.meshTls.healthPort }}
+{{- end }}
 startupProbe:
   grpc:
-    port: {{ .port }}
+    port: {{ $port }}
   periodSeconds: 5
   timeoutSeconds: 5
   failureThreshold: {{ div (add .startupSeconds 4) 5 }}
 readinessProbe:
   grpc:
-    port: {{ .port }}
+    port: {{ $port }}
     service: {{ .service }}
   periodSeconds: 5
   timeoutSeconds: 5
   failureThreshold: 2
 livenessProbe:
   grpc:
-    port: {{ .port }}
+    port: {{ $port }}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 3
@@ -242,5 +268,26 @@ tolerations:
 {{- with .affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Mesh TLS: the Secret of a component (dict "root" $ "component" "kvcache"), its volume and its mount. */}}
+{{- define "inferix.meshTlsSecret" -}}
+{{- index .root.Values.meshTls.secretNames .component | default (printf "%s-%s-mesh-tls" (include "inferix.fullname" .root) .component) }}
+{{- end }}
+{{- define "inferix.meshTlsVolume" -}}
+{{- if .root.Values.meshTls.enabled }}
+# The whole Secret, no subPath: the kubelet then updates the files in place when it is renewed.
+- name: mesh-tls
+  secret:
+    secretName: {{ include "inferix.meshTlsSecret" . }}
+    defaultMode: 0440
+{{- end }}
+{{- end }}
+{{- define "inferix.meshTlsVolumeMount" -}}
+{{- if .Values.meshTls.enabled }}
+- name: mesh-tls
+  mountPath: /etc/inferix/mesh-tls
+  readOnly: true
 {{- end }}
 {{- end }}
