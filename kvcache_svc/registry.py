@@ -105,6 +105,8 @@ class WorkerRecord:
     capacity: list[StreamCapacity] = field(default_factory=list)  # real-time streams per resolution measured
     # Session id -> its share of the real-time capacity (only sessions with a non-zero share).
     stream_costs: dict[str, float] = field(default_factory=dict)
+    device: str = ""  # what it computes on, as it says (for operators)
+    realtime_factor: float = 0.0  # video seconds per second of block time, recent blocks (0: none yet)
 
     @property
     def suspect(self) -> bool:
@@ -175,7 +177,13 @@ class Registry:
         return [WorkerRecord.decode(data) for data in await self.store.get_many(keys) if data is not None]
 
     async def register(
-        self, worker_id: str, address: str, model: str, kv: KVReport, capacity: Sequence[StreamCapacity] = ()
+        self,
+        worker_id: str,
+        address: str,
+        model: str,
+        kv: KVReport,
+        capacity: Sequence[StreamCapacity] = (),
+        device: str = "",
     ) -> WorkerRecord:
         """Add or replace a worker, with its measured real-time `capacity` (empty: not measured). A
         re-registering worker (e.g. restarted) keeps the reservations of its sessions (pages and
@@ -224,6 +232,7 @@ class Registry:
                 reservations=reservations,
                 capacity=capacity,
                 stream_costs=stream_costs,
+                device=device[:200],
             )
             return record.encode()
 
@@ -236,6 +245,7 @@ class Registry:
         kv: KVReport,
         session_ids: Iterable[str],
         capacity: Sequence[StreamCapacity] = (),
+        realtime_factor: float = 0.0,
     ) -> WorkerRecord:
         """Record a usage report; a non-empty `capacity` replaces the worker's real-time capacity
         (sessions keep the stream costs they were admitted with). Sequences must increase strictly,
@@ -270,6 +280,8 @@ class Registry:
             record.session_ids = session_ids
             if capacity:
                 record.capacity = capacity
+            if math.isfinite(realtime_factor) and realtime_factor >= 0:
+                record.realtime_factor = realtime_factor
             record.last_seen_unix = self.clock()
             return record.encode()
 

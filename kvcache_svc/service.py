@@ -136,6 +136,8 @@ def _worker_info(record: WorkerRecord, alive: bool) -> kvcache_pb2.WorkerInfo:
         departed=record.departed,
         capacity=[c.to_proto() for c in record.capacity],
         stream_load=record.stream_load,
+        device=record.device,
+        realtime_factor=record.realtime_factor,
     )
 
 
@@ -160,6 +162,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
             request.model,
             _report(request.kv),
             [StreamCapacity.from_proto(c) for c in request.capacity],
+            request.device,
         )
         log.info(
             "worker %s registered: %s, model %s, %d pages, %s", record.worker_id, record.address, record.model,
@@ -194,6 +197,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
             _report(request.kv),
             request.session_ids,
             [StreamCapacity.from_proto(c) for c in request.capacity],
+            request.realtime_factor,
         )
         reports = [SessionReport(r.session_id, r.device_pages, r.last_block_unix) for r in request.session_reports]
         flags = await self.store.get_many([_paused_key(r.session_id) for r in reports])

@@ -13,6 +13,7 @@ proportion to N), which errs on the safe side. An operator may pin the streams i
 
 from __future__ import annotations
 
+import collections
 import threading
 
 from inferix.spec.capacity import Resolution, StreamCapacity
@@ -93,3 +94,20 @@ class _LatencyCurve:
         fitted = self.mean_l + self.slope * (n - self.mean_n)
         below = [s for s in self.sizes if s < n]
         return max(fitted, self.samples[below[-1]]) if below else fitted
+
+
+class RecentSpeed:
+    """The real-time factor of a worker's recent blocks: video seconds made per second of block time
+    over the last `window` blocks (what `inferix cluster status` and the InferixWorkerBelowRealtime
+    alert read; >= 1: each stream keeps up). 0 before the first block."""
+
+    def __init__(self, window: int = 32) -> None:
+        self._blocks: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+
+    def record(self, video_s: float, block_s: float) -> None:
+        self._blocks.append((video_s, block_s))
+
+    @property
+    def realtime_factor(self) -> float:
+        spent = sum(block_s for _, block_s in self._blocks)
+        return sum(video_s for video_s, _ in self._blocks) / spent if spent > 0 else 0.0

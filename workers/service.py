@@ -36,6 +36,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import torch
 
 from inferix.api.v1 import (
     common_pb2,
@@ -55,7 +56,7 @@ from inferix.spec.blocks import CommittedBlock
 from inferix.spec.magi import any_session_shape
 from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from workers import metrics
-from workers.capacity import CapacityMeter
+from workers.capacity import CapacityMeter, RecentSpeed
 from workers.engine.batching import BatchJob
 from workers.engine.engine import Engine, EngineSession, VideoBlock, shared_pool
 from workers.engine.kv.errors import KVCapacityError
@@ -171,6 +172,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._blocks_run = 0  # the profiler numbers blocks across sessions
         self.draining = False  # set on SIGTERM: new sessions and blocks go to other workers
         self.hand_over = True  # a drain waits for the schedulers to move its sessions (not on SIGINT)
+        self.speed = RecentSpeed()
         self._closed = asyncio.Event()  # a session was closed (a drain waits for its sessions to move)
         self._block_tasks: set[asyncio.Future[common_pb2.BlockEvent]] = set()  # blocks in flight
         self.batcher = self.engine.batcher(config.max_batch_tokens or None, on_forward=metrics.observe_forward)
@@ -353,6 +355,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         metrics.BLOCKS.inc()
         metrics.BLOCK_SECONDS.observe(block.total_s)
         metrics.VIDEO_SECONDS.inc(block.frames.shape[0] / self.model.fps)
+        self.speed.record(block.frames.shape[0] / self.model.fps, block.total_s)
         return event
 
     async def run_batched(self, video: AnyVideo) -> VideoBlock:
@@ -605,6 +608,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                             model=self.model.name,
                             kv=self.kv_usage(),
                             capacity=self.capacity_report(),
+                            device=describe_device(self.model.dit),
                         ),
                         timeout=5,
                     )
@@ -621,6 +625,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                         session_ids=list(self.sessions),
                         session_reports=self.session_reports(),
                         capacity=self.capacity_report(),
+                        realtime_factor=self.speed.realtime_factor,
                     ),
                     timeout=5,
                 )
@@ -705,3 +710,12 @@ def _action_schema(video: AnyVideo) -> ActionSchema | None:
     if isinstance(video, MatrixGameSession):
         return video.schema
     return video.schema if isinstance(video, EngineSession) else None
+
+
+def describe_device(dit: torch.nn.Module) -> str:
+    """What the worker computes on, for operators: the device and, for a pod, its ranks."""
+    device = next(dit.parameters()).device
+    threads = torch.get_num_threads()
+    what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads != 1)}"
+    ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    return f"{device.type}: {ranks} x {what}" if ranks > 1 else f"{device.type}: {what}"

@@ -19,6 +19,7 @@ _COMMAND_MODULES = [
     "inferix.cli.profile",
     "inferix.cli.lvbench",
     "inferix.cli.quantize",
+    "inferix.cli.cluster",
 ]
 
 

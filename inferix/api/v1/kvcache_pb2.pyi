@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "kv", "reserved_pages", "last_seen_unix", "alive", "suspect", "departed", "capacity", "stream_load")
+    __slots__ = ("worker_id", "address", "model", "kv", "reserved_pages", "last_seen_unix", "alive", "suspect", "departed", "capacity", "stream_load", "device", "realtime_factor")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,8 @@ class WorkerInfo(_message.Message):
     DEPARTED_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     STREAM_LOAD_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    REALTIME_FACTOR_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -31,7 +33,9 @@ class WorkerInfo(_message.Message):
     departed: bool
     capacity: _containers.RepeatedCompositeFieldContainer[StreamCapacity]
     stream_load: float
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., reserved_pages: _Optional[int] = ..., last_seen_unix: _Optional[float] = ..., alive: _Optional[bool] = ..., suspect: _Optional[bool] = ..., departed: _Optional[bool] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ..., stream_load: _Optional[float] = ...) -> None: ...
+    device: str
+    realtime_factor: float
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., reserved_pages: _Optional[int] = ..., last_seen_unix: _Optional[float] = ..., alive: _Optional[bool] = ..., suspect: _Optional[bool] = ..., departed: _Optional[bool] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ..., stream_load: _Optional[float] = ..., device: _Optional[str] = ..., realtime_factor: _Optional[float] = ...) -> None: ...
 
 class StreamCapacity(_message.Message):
     __slots__ = ("resolution", "streams", "block_ms", "budget_ms", "measured_up_to")
@@ -48,18 +52,20 @@ class StreamCapacity(_message.Message):
     def __init__(self, resolution: _Optional[_Union[_common_pb2.Resolution, _Mapping]] = ..., streams: _Optional[int] = ..., block_ms: _Optional[float] = ..., budget_ms: _Optional[float] = ..., measured_up_to: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "kv", "capacity")
+    __slots__ = ("worker_id", "address", "model", "kv", "capacity", "device")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
     kv: _common_pb2.KVUsage
     capacity: _containers.RepeatedCompositeFieldContainer[StreamCapacity]
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ...) -> None: ...
+    device: str
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ..., device: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s",)
@@ -102,20 +108,22 @@ class SessionKVReport(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., device_pages: _Optional[int] = ..., host_pages: _Optional[int] = ..., last_block_unix: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "sequence", "kv", "session_ids", "session_reports", "capacity")
+    __slots__ = ("worker_id", "sequence", "kv", "session_ids", "session_reports", "capacity", "realtime_factor")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
     SESSION_REPORTS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    REALTIME_FACTOR_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     sequence: int
     kv: _common_pb2.KVUsage
     session_ids: _containers.RepeatedScalarFieldContainer[str]
     session_reports: _containers.RepeatedCompositeFieldContainer[SessionKVReport]
     capacity: _containers.RepeatedCompositeFieldContainer[StreamCapacity]
-    def __init__(self, worker_id: _Optional[str] = ..., sequence: _Optional[int] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ..., session_reports: _Optional[_Iterable[_Union[SessionKVReport, _Mapping]]] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ...) -> None: ...
+    realtime_factor: float
+    def __init__(self, worker_id: _Optional[str] = ..., sequence: _Optional[int] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., session_ids: _Optional[_Iterable[str]] = ..., session_reports: _Optional[_Iterable[_Union[SessionKVReport, _Mapping]]] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ..., realtime_factor: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("offload_session_ids",)
