@@ -1,6 +1,9 @@
 """Where a session can be watched: the playback URLs the scheduler returns with it, and its announcement.
 
-- `mp4`: always (the streamer records every session); `grpc://<streamer>/recordings/<id>.mp4`.
+- `mp4`: always (the streamer records every session). With the viewer page configured, on the
+  streamer's HTTP(S) server: `<viewer page url>/recordings/<id>.mp4#token=...` (the viewer token,
+  sent as a Bearer token: HTTPS whenever the page is, no gRPC port to expose); else
+  `grpc://<streamer>/recordings/<id>.mp4` (GetRecording on the streamer's gRPC port).
 - `webrtc_page`: whenever the streamer's viewer page is configured (`--viewer-page-url` and a viewer
   secret). Watching costs nothing until someone opens it, so every session gets one; the URL
   carries the session's viewer token in its fragment (`#token=...`, never sent to a server).
@@ -72,7 +75,9 @@ class Playback:
             urls.rtmp = f"{config.rtmp_play_url.rstrip('/')}/{session_id}"
         if WEBRTC in config.outputs and config.tokens is not None:
             token = config.tokens.mint(session_id)
-            urls.webrtc_page = f"{config.viewer_page_url.rstrip('/')}/watch/{session_id}#token={token}"
+            base = config.viewer_page_url.rstrip("/")
+            urls.webrtc_page = f"{base}/watch/{session_id}#token={token}"
+            urls.mp4 = f"{base}/recordings/{session_id}.mp4#token={token}"
         if self.announcer is not None:
             self.announcer.announce(announcement(session_id, spec, time.time()))
         return urls

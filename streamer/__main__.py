@@ -261,7 +261,9 @@ class _HttpFront:
             self.grpc_port_file.unlink()
         http = self.http
         if http.port >= 0:
-            self.server = ViewerServer(self.service.live, self.control, http.tokens, http.limits, http.tls)
+            self.server = ViewerServer(
+                self.service.live, self.control, http.tokens, http.limits, http.tls, self.service.recording
+            )
             try:
                 ports["http"] = await self.server.start(self.host, http.port)
             except OSError as exc:

@@ -107,6 +107,10 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
         """Sessions not yet finished; read by the metrics thread at scrape time (list() copies atomically)."""
         return sum(not session.ingest.finished for session in list(self._sessions.values()))
 
+    def recording(self, session_id: str) -> Path:
+        """A finished session's MP4 (`SessionNotFound`, `RecordingNotReady`, `EncoderFailed` otherwise)."""
+        return self._session(session_id).recording()
+
     def _session(self, session_id: str) -> StreamSession:
         session = self._sessions.get(session_id)
         if session is None:
@@ -190,7 +194,7 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
         self, request: streamer_pb2.GetRecordingRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[streamer_pb2.GetRecordingResponse]:
         try:
-            path = self._session(request.session_id).recording()
+            path = self.recording(request.session_id)
         except StreamerError as error:
             await _abort(context, error)
         with path.open("rb") as file:

@@ -4,6 +4,8 @@
     OPTIONS /whep/<session>                 with the viewer token: the STUN / TURN servers as `Link` headers
     POST   /whep/<session>                  SDP offer -> 201 + SDP answer, Location of the viewer (+ `Link`s)
     DELETE /whep/<session>/<viewer>         hang up
+    GET    /recordings/<session>.mp4        the session's MP4 once it has ended (404 unknown, 409 still going);
+                                            Range requests work (a browser seeks in it)
     GET    /api/sessions/<session>          status: scheduler view (state, prompt, action schema, current
                                             action, recent blocks, block latency) + live stats
     POST   /api/sessions/<session>/<cmd>    prompt {"text": ...} | action {"keys": [...], "mouse": [...]}
@@ -29,7 +31,9 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -37,6 +41,7 @@ from multidict import MultiDict
 
 from inferix.viewer_token import InvalidViewerToken, ViewerTokens, bearer_token
 from streamer.control import ControlError, SchedulerControl
+from streamer.errors import EncoderFailed, RecordingNotReady, SessionNotFound
 from streamer.ingest import valid_session_id
 from streamer.limits import COMMANDS, OFFERS, HttpLimits, RateLimiter
 from streamer.live import LiveRegistry, LiveSession
@@ -146,8 +151,10 @@ class ViewerServer:
         tokens: ViewerTokens | None,
         limits: HttpLimits | None = None,
         tls: ReloadingTls | None = None,
+        recordings: Callable[[str], Path] | None = None,
     ) -> None:
         self.registry = registry
+        self.recordings = recordings  # session id -> its finished MP4 (the streamer service's)
         self.control = control
         self.tokens = tokens
         self.limits = limits or HttpLimits()
@@ -164,6 +171,7 @@ class ViewerServer:
                 web.delete("/whep/{session}/{viewer}", self._whep_delete),
                 web.patch("/whep/{session}/{viewer}", self._whep_patch),
                 web.options("/whep/{session}/{viewer}", self._preflight),
+                web.get("/recordings/{session}.mp4", self._recording),
                 web.get("/api/sessions/{session}", self._status),
                 web.post("/api/sessions/{session}/{command}", self._command),
             ]
@@ -293,6 +301,23 @@ class ViewerServer:
     async def _whep_patch(self, request: web.Request) -> web.Response:
         self._authorize(request)
         raise HttpError(405, "trickle ICE is not supported: send the offer with its candidates gathered")
+
+    async def _recording(self, request: web.Request) -> web.StreamResponse:
+        session_id, _ = self._authorize(request)
+        if self.recordings is None:
+            raise HttpError(404, "this server does not serve recordings")
+        try:
+            path = self.recordings(session_id)
+        except SessionNotFound as exc:
+            raise HttpError(404, str(exc)) from exc
+        except RecordingNotReady:
+            raise HttpError(
+                409, f"session {session_id!r} is still going: its recording is ready once it ends"
+            ) from None
+        except EncoderFailed as exc:
+            raise HttpError(500, str(exc)) from exc
+        disposition = f'attachment; filename="{session_id}.mp4"'
+        return web.FileResponse(path, headers={"Content-Type": "video/mp4", "Content-Disposition": disposition})
 
     async def _status(self, request: web.Request) -> web.Response:
         session_id, token = self._authorize(request)

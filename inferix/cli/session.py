@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     import grpc
 
-    from inferix.client import Client, TlsError
+    from inferix.client import Client, RecordingError, TlsError
     from inferix.spec import parse_prompt_schedule
 
     try:
@@ -199,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
         return _command(client, args.session_id, lambda i: getattr(i, action)())
     except TlsError as exc:
         raise UserError(exc.message) from None
+    except RecordingError as exc:
+        raise UserError(str(exc)) from None
     except grpc.RpcError as exc:
         code = exc.code()
         details = exc.details()

@@ -2,6 +2,7 @@
 
 from inferix.client.aio import AsyncClient, AsyncInteraction
 from inferix.client.reconnect import ReconnectPolicy
+from inferix.client.recordings import RecordingError
 from inferix.client.sync import Client, Interaction
 from inferix.client.tls import TlsError
 from inferix.client.types import (
@@ -30,6 +31,7 @@ __all__ = [
     "MouseAxisInfo",
     "PromptChange",
     "ReconnectPolicy",
+    "RecordingError",
     "SessionError",
     "SessionInfo",
     "StateChanged",

@@ -13,6 +13,7 @@ import grpc
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client.channel import CHANNEL_OPTIONS, aio_channel, metadata, recording_address
 from inferix.client.reconnect import EventCursor, ReconnectPolicy
+from inferix.client.recordings import download_http, is_http
 from inferix.client.tls import Target, resolve, translate
 from inferix.client.types import (
     Event,
@@ -191,10 +192,12 @@ class AsyncClient:
                 await asyncio.sleep(delay)
 
     async def download_recording(self, session: SessionInfo, path: str | Path) -> Path:
-        """Save the session's MP4 (available once the session has ended)."""
-        address, session_id = recording_address(session.mp4_url)
+        """Save the session's MP4 (available once the session has ended; `RecordingError` over HTTP(S))."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if is_http(session.mp4_url):
+            return await asyncio.to_thread(download_http, session.mp4_url, path, self.target.ca, self.timeout)
+        address, session_id = recording_address(session.mp4_url)
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             stub = streamer_pb2_grpc.StreamerServiceStub(channel)
             tmp = path.with_suffix(path.suffix + ".part")

@@ -14,6 +14,7 @@ import grpc
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address, sync_channel
 from inferix.client.reconnect import EventCursor, ReconnectPolicy
+from inferix.client.recordings import download_http, is_http
 from inferix.client.tls import Target, resolve, translate
 from inferix.client.types import (
     Event,
@@ -186,9 +187,12 @@ class Client:
                 time.sleep(delay)
 
     def download_recording(self, session: SessionInfo, path: str | Path) -> Path:
-        address, session_id = recording_address(session.mp4_url)
+        """Save the session's MP4 (available once the session has ended; `RecordingError` over HTTP(S))."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if is_http(session.mp4_url):
+            return download_http(session.mp4_url, path, self.target.ca, self.timeout)
+        address, session_id = recording_address(session.mp4_url)
         with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             stub = streamer_pb2_grpc.StreamerServiceStub(channel)
             tmp = path.with_suffix(path.suffix + ".part")

@@ -111,6 +111,9 @@ def test_a_session_runs_end_to_end_over_mutual_tls(mtls_mesh: Mesh, pki: MeshPki
         assert [e.block_index for e in events if isinstance(e, BlockDone)] == [0, 1, 2]
         final = client.get_session(info.session_id)
         assert final.state == "completed"
+        # The recording comes from the streamer's viewer server, not its mTLS-only gRPC port.
+        mp4 = client.download_recording(final, mtls_mesh.config.workdir / "downloaded.mp4")
+        assert mp4.read_bytes()[4:8] == b"ftyp"
     # The viewer page's status: the streamer asks the scheduler, on its internal port (mutual TLS).
     page, _, viewer_token = final.viewer_url.replace("/watch/", "/api/sessions/").partition("#token=")
     request = urllib.request.Request(page, headers={"Authorization": f"Bearer {viewer_token}"})

@@ -212,3 +212,39 @@ def test_viewer_page_and_status_api_are_served(rig: Rig) -> None:
     assert (stream["width"], stream["height"], stream["fps"], stream["frames_in"]) == (64, 48, 16.0, 8)
     assert stream["rtmp"]["state"] == "off" and stream["time_to_first_frame_ms"] is not None
     assert json.loads(body)["session"]["state"] == "unknown"  # no scheduler linked: only the stream part
+
+
+def _get_bytes(url: str, token: str | None, byte_range: str = "") -> tuple[int, bytes, dict[str, str]]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    if byte_range:
+        headers["Range"] = byte_range
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read(), dict(error.headers)
+
+
+def test_recording_is_served_over_http_with_the_viewer_token(rig: Rig) -> None:
+    video = Video("http-recording", 64, 48, 16.0, (3, 3))
+    url = f"{rig.http}/recordings/{video.session_id}.mp4"
+    token = TOKENS.mint(video.session_id)
+    rig.stub.PushFrames(video.block(0), timeout=30)
+    status, body, _ = _get_bytes(url, token)
+    assert status == 409 and b"is still going: its recording is ready once it ends" in body
+    rig.stub.PushFrames(video.block(1), timeout=30)
+    rig.stub.FinishStream(streamer_pb2.FinishStreamRequest(session_id=video.session_id), timeout=30)
+
+    status, mp4, headers = _get_bytes(url, token)
+    assert status == 200 and headers["Content-Type"] == "video/mp4", (status, mp4[:200])
+    over_grpc = b"".join(
+        r.chunk for r in rig.stub.GetRecording(streamer_pb2.GetRecordingRequest(session_id=video.session_id))
+    )
+    assert mp4 == over_grpc  # the same file as GetRecording
+    status, part, headers = _get_bytes(url, token, "bytes=0-99")  # a player seeks with ranges
+    assert status == 206 and part == mp4[:100] and headers["Content-Range"] == f"bytes 0-99/{len(mp4)}"
+
+    assert _get_bytes(url, None)[0] == 403
+    assert _get_bytes(url, TOKENS.mint("another-session"))[0] == 403  # a token is for its own session only
+    missing = f"{rig.http}/recordings/never-pushed.mp4"
+    assert _get_bytes(missing, TOKENS.mint("never-pushed"))[0] == 404
