@@ -9,7 +9,7 @@ its block in flight -- while viewers still play the blocks made ahead, and pause
 instead of when the next block is due (then the new worker's restore would show as a stall).
 
 It polls rather than watches (health `Watch`): a watch stream is one more call a stopping worker's
-server waits for, and the tracing interceptor does not pass the health servicer's streams.
+server would wait for before it exits.
 """
 
 from __future__ import annotations
