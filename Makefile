@@ -57,7 +57,7 @@ bench:
 train-toyworld:
 	$(PYTHON) -m toyworld_lab.train --out $(TOYWORLD_OUT)
 
-# Fine-tune toyworld into toyworld-play (the arrow keys push the object) on the CPU (seeded; ~40 min on one thread).
+# Fine-tune toyworld into toyworld-play (the arrow keys push the object) on the CPU (seeded; ~46 min on one thread).
 train-toyworld-play:
 	$(PYTHON) -m toyworld_lab.train_play --out $(TOYWORLD_PLAY_OUT)
 

@@ -282,8 +282,10 @@ def train_dit(
     stage: DiTStage,
     networks: tuple[CausalWanDiT, UMT5Encoder],
     refresh: Callable[[CausalWanDiT, UMT5Encoder, torch.Generator], LatentClips] | None = None,
+    extra_loss: Callable[[CausalWanDiT, UMT5Encoder, torch.Generator], Tensor] | None = None,
 ) -> tuple[CausalWanDiT, UMT5Encoder]:
-    """Run one stage; `refresh` (oracle rollouts) replaces `data` at the start of each of its rounds."""
+    """Run one stage; `refresh` (oracle rollouts) replaces `data` at the start of each of its rounds;
+    `extra_loss` (toyworld-play's first-block rollouts) is added to every step's loss."""
     generator = torch.Generator().manual_seed(config.seed + stage.seed_offset)
     dit, text = networks
     dit.train().requires_grad_(True)
@@ -338,6 +340,8 @@ def train_dit(
                 context,
                 key_rows,
             )
+            if extra_loss is not None:
+                loss = loss + extra_loss(dit, text, generator)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(params, 1.0)
@@ -449,16 +453,41 @@ class BlockSampler:
         generator: torch.Generator,
     ) -> Tensor:
         """One block, denoised the way `GenerationSession.generate_block` does (cache read-only)."""
+        return self.trajectory(dit, prompt, cache, start_frame, shape, generator)[-1].x0
+
+    def trajectory(
+        self,
+        dit: CausalWanDiT,
+        prompt: CrossAttentionKV,
+        cache: TeacherForcingCache,
+        start_frame: int,
+        shape: torch.Size,
+        generator: torch.Generator,
+        key_rows: Tensor | None = None,
+    ) -> list[SamplerStep]:
+        """`sample`'s steps: the state each denoising step sees and its x0 prediction (the last one's
+        is the block). `key_rows` ([B, rows_before + frames, keys]): the keys held, for a keyboard DiT."""
         cache.store = False
         batch, frames = shape[:2]
         x = torch.randn(shape, generator=generator)
-        x0 = x
+        steps = []
         for i, t in enumerate(self.timesteps):
-            flow = dit(x, t.float().expand(batch, frames).contiguous(), prompt, cache, start_frame)
+            flow = dit(x, t.float().expand(batch, frames).contiguous(), prompt, cache, start_frame, key_rows=key_rows)
             x0 = x - self.sigmas[i] * flow
+            steps.append(SamplerStep(x, t.float(), self.sigmas[i], x0))
             noise = x0 + flow if self.solver == "euler" else torch.randn(shape, generator=generator)
             x = (1 - self.sigmas[i + 1]) * x0 + self.sigmas[i + 1] * noise
-        return x0
+        return steps
+
+
+@dataclass(frozen=True)
+class SamplerStep:
+    """One denoising step of `BlockSampler.trajectory`."""
+
+    x: Tensor  # the noisy latents the step sees
+    t: Tensor  # its timestep (scalar)
+    sigma: Tensor  # its noise level (scalar)
+    x0: Tensor  # the model's prediction of the clean block
 
 
 @dataclass(frozen=True)

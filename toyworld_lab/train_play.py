@@ -16,6 +16,15 @@ own DiT stage trains (`train.py`), on play clips (`play.py`): one object the arr
   a block whose past lost it (or never drew it: after the first stage a session's first block
   came out empty in about a third of the sessions) draws it anew instead of continuing an empty
   scene.
+- Then first-block rollouts (`first_block.py`): after recovery the first block, which sees no
+  context, still came out empty for about one noise draw in six (the same draws for every
+  prompt), and a trial lost its object before the key was pressed. The inference sampler rolls
+  out first blocks, and the model trains at the states of its own path towards simulator blocks
+  with the object where the path leaned, alongside recovery's teacher forcing.
+
+`--reuse-dit DIR --resume STAGE` runs the stages from STAGE on from an earlier run's folder; a
+run in steps gives the same weights as one run (each stage reads the last one's fp16 weights and
+draws from its own seeds).
 """
 
 from __future__ import annotations
@@ -36,11 +45,13 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from inferix.spec.presets import ModelPreset, load_preset
+from toyworld_lab.first_block import FirstBlockRollouts
 from toyworld_lab.play import random_play_clip
 from toyworld_lab.train import (
     DIT_FILE,
     TEXT_ENCODER_FILE,
     VAE_FILE,
+    BlockSampler,
     DiTStage,
     LatentClips,
     LatentCodec,
@@ -51,13 +62,15 @@ from toyworld_lab.train import (
 )
 from toyworld_lab.world import BACKGROUND
 from workers.engine.checkpoint import load_dit
-from workers.engine.model_dir import MODEL_YAML, TOYWORLD_PLAY_WEIGHTS, TOYWORLD_WEIGHTS
+from workers.engine.model_dir import MODEL_YAML, TOYWORLD_PLAY_WEIGHTS, TOYWORLD_WEIGHTS, byte_level_tokenizer
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.models.wan.text_encoder import UMT5Encoder
 
 PRESET = "toyworld-play"
 BASE_PRESET = "toyworld"
 PLAY_DIT_FILE = "toyworld_play_dit.safetensors"
+# The stages after teacher forcing, in order: where a run from an earlier folder (--reuse-dit) starts.
+RESUME_STAGES = ("recovery", "first-block")
 
 
 @dataclass(frozen=True)
@@ -76,10 +89,14 @@ class PlayConfig:
     recovery_steps: int = 400
     recovery_lr: float = 2e-4
     recovery_window_blocks: int = 4  # two-block windows (half the loss on context-free blocks) did worse
+    first_block_steps: int = 300
+    first_block_lr: float = 1e-4  # half recovery's: a last touch to a model that already plays
+    first_block_rollouts: int = 8  # first blocks the sampler rolls out for each step's first-block loss
+    first_block_weight: float = 1.0  # of the first-block loss, added to the teacher-forcing loss
 
     def quick(self) -> PlayConfig:
         """A few steps: checks the whole path in a minute (weights are not useful)."""
-        return replace(self, clips=16, steps=10, warmup_steps=2, recovery_steps=10)
+        return replace(self, clips=16, steps=10, warmup_steps=2, recovery_steps=10, first_block_steps=10)
 
     def train_config(self) -> TrainConfig:
         """The toyworld trainer's settings for this fine-tune (context corruption, loss weights: its own)."""
@@ -107,6 +124,14 @@ class PlayConfig:
         # The branch keeps its ratio to the rest's learning rate.
         branch_lr = self.branch_lr * self.recovery_lr / self.lr
         return replace(base, name="DiT play recovery", train_text=False, branch_lr=branch_lr)
+
+    def first_block_stage(self) -> DiTStage:
+        """Recovery's teacher forcing at a lower rate, to which `train` adds the first-block rollouts' loss."""
+        base = DiTStage.fine_tuning(
+            self.train_config(), "DiT play first block", self.first_block_steps, self.first_block_lr, seed_offset=5
+        )
+        branch_lr = self.branch_lr * self.first_block_lr / self.lr
+        return replace(base, train_text=False, branch_lr=branch_lr)
 
 
 def base_latent_stats(base: Path) -> tuple[list[float], list[float]]:
@@ -170,10 +195,16 @@ def export(out: Path, base: Path, dit: CausalWanDiT, mean: list[float], std: lis
 
 
 def train(
-    out: Path, config: PlayConfig, base: Path = TOYWORLD_WEIGHTS, command: str = "", reuse_dit: Path | None = None
+    out: Path,
+    config: PlayConfig,
+    base: Path = TOYWORLD_WEIGHTS,
+    command: str = "",
+    reuse_dit: Path | None = None,
+    resume: str = RESUME_STAGES[0],
 ) -> float:
     """Fine-tune and write the model folder `out`; returns the wall time in seconds. `reuse_dit`
-    takes an earlier run's folder for the teacher-forcing stage and runs the recovery stage only."""
+    takes an earlier run's folder instead of the stages before `resume` (`RESUME_STAGES`) and
+    runs that stage and the ones after it."""
     began = time.perf_counter()
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
@@ -192,6 +223,21 @@ def train(
             f"# Training config: {json.dumps(asdict(config))}\n"
         )
 
+    # The stages after teacher forcing train on the same clips, in windows of their own length.
+    fine_tuning = replace(config.train_config(), window_blocks=config.recovery_window_blocks)
+    rollouts = FirstBlockRollouts(
+        data,
+        BlockSampler.of(preset),
+        codec,
+        byte_level_tokenizer(preset.text_encoder.text_len),
+        config.first_block_rollouts,
+        fine_tuning.object_loss_weight,
+        config.first_block_weight,
+    )
+    later = [
+        (config.recovery_steps, config.recovery_stage(), None),
+        (config.first_block_steps, config.first_block_stage(), rollouts.loss),
+    ]
     if reuse_dit is None:
         networks = play_networks(preset, base_preset, base)
         dit, _ = train_dit(preset, data, config.train_config(), config.stage(), networks)
@@ -199,11 +245,13 @@ def train(
         earlier = out
     else:
         earlier = reuse_dit
-    if config.recovery_steps > 0:
-        networks = load_play_networks(earlier, preset, base_preset)
-        recovery = replace(config.train_config(), window_blocks=config.recovery_window_blocks)
-        dit, _ = train_dit(preset, data, recovery, config.recovery_stage(), networks)
-        export(out, base, dit, mean, std, header())
+        later = later[RESUME_STAGES.index(resume) :]
+    for steps, stage, extra_loss in later:
+        if steps > 0:
+            networks = load_play_networks(earlier, preset, base_preset)
+            dit, _ = train_dit(preset, data, fine_tuning, stage, networks, extra_loss=extra_loss)
+            export(out, base, dit, mean, std, header())
+            earlier = out
     seconds = time.perf_counter() - began
     print(f"toyworld-play model written to {out} in {seconds / 60:.1f} min")
     return seconds
@@ -230,8 +278,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--reuse-dit",
         type=Path,
         metavar="DIR",
-        help="skip the teacher-forcing stage: take an earlier run's folder DIR and run the recovery stage only",
+        help="skip the teacher-forcing stage: take an earlier run's folder DIR and run the stages from --resume on",
     )
+    parser.add_argument(
+        "--resume",
+        choices=RESUME_STAGES,
+        default=RESUME_STAGES[0],
+        help="with --reuse-dit: the first stage to run (first-block: DIR holds a recovery stage's output)",
+    )
+    parser.add_argument("--first-block-steps", type=int, default=default.first_block_steps)
+    parser.add_argument(
+        "--first-block-weight",
+        type=float,
+        default=default.first_block_weight,
+        help="weight of the first-block rollouts' loss in the first-block stage (the teacher-forcing loss: 1)",
+    )
+    parser.add_argument("--first-block-lr", type=float, default=default.first_block_lr)
     parser.add_argument("--quick", action="store_true", help="a few steps (checks the path only)")
     return parser
 
@@ -246,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr,
         branch_lr=args.branch_lr,
         recovery_steps=args.recovery_steps,
+        first_block_steps=args.first_block_steps,
+        first_block_weight=args.first_block_weight,
+        first_block_lr=args.first_block_lr,
     )
     if args.quick:
         config = config.quick()
@@ -257,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.reuse_dit is not None and not (args.reuse_dit / PLAY_DIT_FILE).is_file():
         print(f"--reuse-dit {args.reuse_dit}: no {PLAY_DIT_FILE} there", file=sys.stderr)
         return 2
-    train(args.out, config, args.base, command, args.reuse_dit)
+    train(args.out, config, args.base, command, args.reuse_dit, args.resume)
     return 0
 
 

@@ -276,7 +276,7 @@ def test_the_toyworld_play_object_moves_the_way_the_page_presses(
 ) -> None:
     """The world answers the keys: held ArrowRight pushes the object right on screen, then ArrowLeft left
     (measured in the recording against the last frame before each key's block, as `toyworld_lab.play_eval`).
-    Seed 1's object starts at rest near the left wall, with room both ways whenever the keys land."""
+    Seed 1's object starts at rest in the upper left, with room both ways whenever the keys land."""
     held_blocks = 3
     with Client(mesh_for("toyworld-play").address, api_key=KEY_A, timeout=60) as client:
         info = client.create_session(

@@ -121,15 +121,13 @@ def test_shipped_play_weights_are_a_model_folder_of_a_few_megabytes() -> None:
 
 
 def test_a_held_key_moves_the_object_its_way_within_two_blocks() -> None:
-    """Issue 25 asks for 90% of all trials. The shipped model moves the object the held key's way in
-    over 90% of the trials where it still draws the object at the press, but loses the object before
-    the press in about one trial in six (mostly in its first block: the fine-tune weakened toyworld's
-    first block), which brings the overall share to 79% (README, *The toyworld-play model*). This
-    test holds both parts where they are; the overall 90% is still open."""
+    """Issue 25: the object moves the held key's way in at least 90% of the trials. Before the
+    first-block rollout stage (`toyworld_lab/first_block.py`) the model lost the object before the
+    press in one trial in six, mostly in its first block, and passed 79%; the shipped model draws it
+    in every trial of this set (README, *The toyworld-play model*)."""
     result = responsiveness(Engine(load_model("toyworld-play")), make_trials(48, seed=0))
     assert HOLD_BLOCKS == 2
-    assert result.share_with_object >= 0.9, result.summary()
-    assert result.object_share >= 0.8, result.summary()
+    assert result.share >= 0.9, result.summary()
     assert all(n >= 6 for _, n in result.per_key().values()), result.summary()  # every key is tested
 
 
@@ -138,3 +136,4 @@ def test_train_play_command_line_help() -> None:
         [sys.executable, "-m", "toyworld_lab.train_play", "--help"], capture_output=True, text=True, check=True
     )
     assert "--out" in shown.stdout and "--quick" in shown.stdout and "--branch-lr" in shown.stdout
+    assert "--resume" in shown.stdout and "--first-block-steps" in shown.stdout
