@@ -44,6 +44,7 @@ bench:
 	$(PYTHON) bench/parallel.py
 	$(PYTHON) bench/streaming.py
 	$(PYTHON) bench/play_latency.py
+	$(PYTHON) bench/play_latency.py --model toyworld-play
 	$(PYTHON) bench/toyworld.py
 	$(PYTHON) bench/batching.py --realtime
 	$(PYTHON) bench/magi.py

@@ -1,4 +1,5 @@
-"""Input-to-photon latency of playing in the browser (issue 25): key press -> first frame made under it.
+"""Input-to-photon latency of playing in the browser (issue 25): key press -> first frame made under it
+(`--model toyworld-play`: -> first frame showing its object pushed the pressed way; see MOTION_PX).
 
 A local mesh (one worker serving `matrixgame2-tiny`, the scheduler's default lookahead 0 so that a
 session can ask for 0 or more) and the session's own viewer page in headless Chromium (Debian's, driven
@@ -44,6 +45,7 @@ runs first so the worker's first-call costs do not land in the measured sessions
 
     python bench/play_latency.py                     # 30 presses at lookahead 0 and 1
     python bench/play_latency.py --presses 10 --lookaheads 1
+    python bench/play_latency.py --model toyworld-play  # ArrowRight / ArrowLeft in turn, photon by motion
 """
 
 from __future__ import annotations
@@ -67,6 +69,18 @@ from inferix.mesh import Mesh, MeshConfig, start_mesh
 
 MODEL = "matrixgame2-tiny"
 KEYS = ("w", "d")  # Playwright key names; the page binds the schema's W and D
+# toyworld-play (--model toyworld-play): its object starts at rest in the upper left under seed 1, and the
+# arrows push it right and back left. Its frames differ by a few pixels, so no thumbnail tells them apart:
+# the photon is the first presented frame in which the object has moved MOTION_PX the pressed way.
+PLAY_MODEL = "toyworld-play"
+PLAY_PROMPT = "a red ball steered by the arrow keys"
+PLAY_KEYS = ("ArrowRight", "ArrowLeft")
+PLAY_DIRECTIONS = {"right": (1.0, 0.0), "left": (-1.0, 0.0)}  # by schema name (ArrowRight is "right")
+# The simulator moves a resting object 1.2 px in the first frame a key is held and 3.2 px by the second, so
+# the photon counted is about one frame (62 ms) after the first frame that shows the key; a smaller move is
+# within what an unpushed object drifts over the half second a press takes to show (1 px gave 32 ms).
+MOTION_PX = 3.0
+BACKGROUND = (18, 18, 28)  # toyworld_lab.world.BACKGROUND; a pixel 80 RGB units away from it is the object's
 CHROMIUM_FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -103,6 +117,32 @@ FRAME_HOOK = """
   video.requestVideoFrameCallback(onFrame);
 }
 """
+# Draws each presented frame and keeps the centroid of the object's pixels (toyworld-play).
+CENTROID_HOOK = """
+([r0, g0, b0]) => {
+  const video = document.getElementById('video');
+  const canvas = document.createElement('canvas');
+  const context = canvas.getContext('2d', { willReadFrequently: true });
+  window.benchFrames = [];
+  const onFrame = (now, meta) => {
+    const width = video.videoWidth, height = video.videoHeight;
+    canvas.width = width; canvas.height = height;
+    context.drawImage(video, 0, 0, width, height);
+    const rgba = context.getImageData(0, 0, width, height).data;
+    let sx = 0, sy = 0, n = 0;
+    for (let y = 0; y < height; y++) {
+      for (let x = 0; x < width; x++) {
+        const i = (y * width + x) * 4;
+        const dr = rgba[i] - r0, dg = rgba[i + 1] - g0, db = rgba[i + 2] - b0;
+        if (dr * dr + dg * dg + db * db > 6400) { sx += x + 0.5; sy += y + 0.5; n++; }
+      }
+    }
+    window.benchFrames.push({ at: meta.expectedDisplayTime, x: n ? sx / n : null, y: n ? sy / n : null, area: n });
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+}
+"""
 SENT = (
     "() => inferixViewer.play.sent.map((e) => ({keys: e.keys, inputAt: e.inputAt, sentAt: e.sentAt,"
     " answeredAt: e.answeredAt, appliesAt: e.appliesAt, state: e.state}))"
@@ -115,6 +155,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lookaheads", default="0,1", help="session lookaheads to measure (default 0,1)")
     p.add_argument("--seed", type=int, default=1, help="seed of the pauses between key events")
     p.add_argument("--chromium", default="/usr/bin/chromium")
+    p.add_argument(
+        "--model",
+        choices=(MODEL, PLAY_MODEL),
+        default=MODEL,
+        help=f"{MODEL} (photon: block N's first frame, found by its pixels) or {PLAY_MODEL} (photon: the first "
+        f"frame in which the object moved {MOTION_PX:g} px the pressed way); default %(default)s",
+    )
     return p.parse_args()
 
 
@@ -139,6 +186,21 @@ class Run:
     chromium_dropped: int
     block_s: float
     underruns: int  # the streamer's, whole session: each freeze under `hold` delays playback for good
+    underrun_s: float
+
+
+@dataclass
+class MotionRun:
+    """toyworld-play: key press -> the first frame showing the object moving that way."""
+
+    lookahead: int
+    latency_ms: list[float]
+    missed: int  # presses whose motion never showed within the frames presented before the key-up
+    round_trip_ms: list[float]
+    generation_ms: float
+    block_s: float
+    presented: int
+    underruns: int
     underrun_s: float
 
 
@@ -211,6 +273,113 @@ def play(mesh: Mesh, browser: Any, workdir: Path, lookahead: int, presses: int, 
         blocks = {e.block_index: e for e in client.events(info.session_id) if isinstance(e, BlockDone)}
         recording = client.download_recording(client.get_session(info.session_id), workdir / f"{info.session_id}.mp4")
     return measure(lookahead, sent, presented, blocks, stream, int(stats), thumbnails(recording))
+
+
+def play_motion(mesh: Mesh, browser: Any, lookahead: int, presses: int, rng: random.Random) -> MotionRun:
+    """toyworld-play: hold ArrowRight, then ArrowLeft, ... each until its block is made; before each press the
+    object comes to rest (two blocks after the release), then a random 0 to 1 block more."""
+    with Client(mesh.address, timeout=120) as client:
+        info = client.create_session(
+            PLAY_PROMPT, model=PLAY_MODEL, seed=1, num_blocks=min(5000, presses * (2 * lookahead + 12) + 8),
+            lookahead=lookahead,
+        )  # fmt: skip
+        page = browser.new_page()
+        try:
+            page.goto(info.viewer_url)
+            wait(page, "inferixViewer.play !== null && inferixViewer.framesDecoded > 0")
+            page.evaluate(CENTROID_HOOK, list(BACKGROUND))
+            page.focus("#screen")
+            block_s = 3 / 16
+            for i in range(presses):
+                key = PLAY_KEYS[i % len(PLAY_KEYS)]
+                time.sleep(2 * block_s + rng.uniform(0, block_s))  # at rest, then any phase of the block
+                key_event(page, True, key)
+                time.sleep(rng.uniform(0, block_s))
+                key_event(page, False, key)
+            with client.interact(info.session_id, from_block=info.num_blocks) as session:
+                session.stop()
+                next(e for e in session.events() if isinstance(e, CommandAccepted) and e.command == "stop")
+            wait(page, "inferixViewer.status && inferixViewer.status.stream.ended", timeout_s=60)
+            last = -1
+            while (count := page.evaluate("window.benchFrames.length")) != last:
+                last = count
+                time.sleep(1.0)
+            sent, presented = page.evaluate(SENT), page.evaluate("window.benchFrames")
+            stream = page.evaluate("inferixViewer.status.stream")
+        finally:
+            page.close()
+        blocks = {e.block_index: e for e in client.events(info.session_id) if isinstance(e, BlockDone)}
+    return measure_motion(lookahead, sent, presented, blocks, stream)
+
+
+def measure_motion(
+    lookahead: int,
+    sent: list[dict[str, Any]],
+    presented: list[dict[str, Any]],
+    blocks: dict[int, BlockDone],
+    stream: dict[str, Any],
+) -> MotionRun:
+    shown = [(float(p["at"]), p["x"], p["y"]) for p in presented]
+    latency, round_trip, generation = [], [], []
+    missed = 0
+    for entry, release in zip(sent, sent[1:], strict=False):
+        if not entry["keys"]:
+            continue  # a release: the neutral action
+        block = blocks[entry["appliesAt"]]
+        names = [key.removeprefix("Arrow").lower() for key in entry["keys"]]
+        if [key.removeprefix("Arrow").lower() for key in block.keys] != names:
+            raise RuntimeError(f"block {block.block_index} was made under {block.keys}, the page sent {entry}")
+        dx, dy = PLAY_DIRECTIONS[names[0]]
+        before = [s for s in shown if s[0] <= entry["inputAt"] and s[1] is not None]
+        if not before:
+            missed += 1
+            continue
+        _, x0, y0 = before[-1]
+        moved = next(
+            (at for at, x, y in shown
+             if entry["inputAt"] < at <= release["inputAt"] + 2000 and x is not None
+             and (x - x0) * dx + (y - y0) * dy >= MOTION_PX),
+            None,
+        )  # fmt: skip
+        if moved is None:
+            missed += 1
+            continue
+        latency.append(moved - entry["inputAt"])
+        round_trip.append(entry["answeredAt"] - entry["sentAt"])
+        generation.append(block.dispatch_to_done_ms)
+    fps = float(stream["fps"])
+    block_frames = statistics.median(b.num_frames for b in blocks.values())
+    return MotionRun(
+        lookahead,
+        latency,
+        missed,
+        round_trip,
+        statistics.median(generation) if generation else 0.0,
+        block_frames / fps,
+        len(presented),
+        int(stream["underruns"]),
+        float(stream["underrun_s"]),
+    )
+
+
+def report_motion(runs: list[MotionRun]) -> None:
+    print(f"\n{PLAY_MODEL}: key press -> first frame with the object {MOTION_PX:g} px the pressed way")
+    print(f"{'lookahead':<10} {'presses':<8} {'p50 ms':>8} {'p95 ms':>8} {'min ms':>8} {'max ms':>8}   floor ms")
+    for run in runs:
+        block_ms = run.block_s * 1e3
+        floor = 0.5 * block_ms + max(run.generation_ms, run.lookahead * block_ms)
+        values = run.latency_ms
+        print(
+            f"{run.lookahead:<10} {len(values):<8} {percentile(values, 50):>8.0f} {percentile(values, 95):>8.0f}"
+            f" {min(values):>8.0f} {max(values):>8.0f}   {floor:.0f} = 0.5 x {block_ms:.0f} ms block"
+            f" + max(generation {run.generation_ms:.0f}, {run.lookahead} x {block_ms:.0f})"
+        )
+    for run in runs:
+        print(
+            f"lookahead {run.lookahead}: action round trip page->scheduler->page p50"
+            f" {percentile(run.round_trip_ms, 50):.0f} ms; {run.missed} press(es) with no motion seen;"
+            f" {run.presented} frames presented; underruns {run.underruns} ({run.underrun_s:.2f} s held)"
+        )
 
 
 def thumbnails(mp4: Path) -> np.ndarray:
@@ -327,23 +496,31 @@ def main() -> None:
         y, x = np.mgrid[0:32, 0:48]
         Image.fromarray(np.stack([x * 5, y * 7, (x + y) * 3], axis=-1).astype(np.uint8)).save(workdir / "start.png")
         (workdir / "mesh").mkdir()
-        config = MeshConfig(workdir=workdir / "mesh", workers=1, worker_threads=1, model=Path(MODEL))
+        config = MeshConfig(workdir=workdir / "mesh", workers=1, worker_threads=1, model=Path(args.model))
         config.capacity_probe, config.realtime_streams, config.lookahead = 0, 64, 0
-        print(f"mesh: 1 worker serving {MODEL}; {args.presses} presses per lookahead {lookaheads} ...", flush=True)
+        print(f"mesh: 1 worker serving {args.model}; {args.presses} presses per lookahead {lookaheads} ...", flush=True)
         mesh = start_mesh(config)
-        runs = []
+        runs: list[Run] = []
+        motion: list[MotionRun] = []
         try:
-            warm_up(mesh, workdir / "start.png")
+            if args.model == MODEL:
+                warm_up(mesh, workdir / "start.png")
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_FLAGS)
                 for lookahead in lookaheads:
                     started = time.monotonic()
-                    runs.append(play(mesh, browser, workdir, lookahead, args.presses, rng))
+                    if args.model == MODEL:
+                        runs.append(play(mesh, browser, workdir, lookahead, args.presses, rng))
+                    else:
+                        motion.append(play_motion(mesh, browser, lookahead, args.presses, rng))
                     print(f"lookahead {lookahead}: done in {time.monotonic() - started:.0f} s", flush=True)
                 browser.close()
         finally:
             mesh.stop()
-    report(runs)
+    if runs:
+        report(runs)
+    if motion:
+        report_motion(motion)
 
 
 if __name__ == "__main__":
