@@ -92,18 +92,38 @@ CHROMIUM_FLAGS = [
     "--autoplay-policy=no-user-gesture-required",
 ]
 THUMB = (12, 8)  # thumbnail columns x rows
-# Draws each presented frame and keeps its grey thumbnail, with the time it is expected on screen.
-FRAME_HOOK = """
-([columns, rows]) => {
+
+
+def frame_hook(summary: str) -> str:
+    """JS run in the page: draws each presented frame into a canvas and keeps `{at: its expected display time,
+    ...summary}`; `summary` is a JS function body of (rgba, width, height, arg) returning an object."""
+    return (
+        """
+(arg) => {
   const video = document.getElementById('video');
   const canvas = document.createElement('canvas');
   const context = canvas.getContext('2d', { willReadFrequently: true });
+  const summarize = (rgba, width, height, arg) => {"""
+        + summary
+        + """};
   window.benchFrames = [];
   const onFrame = (now, meta) => {
     const width = video.videoWidth, height = video.videoHeight;
     canvas.width = width; canvas.height = height;
     context.drawImage(video, 0, 0, width, height);
     const rgba = context.getImageData(0, 0, width, height).data;
+    window.benchFrames.push({ at: meta.expectedDisplayTime, ...summarize(rgba, width, height, arg) });
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+}
+"""
+    )
+
+
+# A grey thumbnail of `arg` = [columns, rows] cells (matrixgame2-tiny: the frame is found by its pixels).
+FRAME_HOOK = frame_hook("""
+    const [columns, rows] = arg;
     const cw = width / columns, ch = height / rows, thumb = new Array(columns * rows).fill(0);
     for (let y = 0; y < height; y++) {
       for (let x = 0; x < width; x++) {
@@ -111,24 +131,11 @@ FRAME_HOOK = """
         thumb[Math.floor(y / ch) * columns + Math.floor(x / cw)] += (rgba[i] + rgba[i + 1] + rgba[i + 2]) / 3;
       }
     }
-    window.benchFrames.push({ at: meta.expectedDisplayTime, thumb: thumb.map((v) => v / (cw * ch)) });
-    video.requestVideoFrameCallback(onFrame);
-  };
-  video.requestVideoFrameCallback(onFrame);
-}
-"""
-# Draws each presented frame and keeps the centroid of the object's pixels (toyworld-play).
-CENTROID_HOOK = """
-([r0, g0, b0]) => {
-  const video = document.getElementById('video');
-  const canvas = document.createElement('canvas');
-  const context = canvas.getContext('2d', { willReadFrequently: true });
-  window.benchFrames = [];
-  const onFrame = (now, meta) => {
-    const width = video.videoWidth, height = video.videoHeight;
-    canvas.width = width; canvas.height = height;
-    context.drawImage(video, 0, 0, width, height);
-    const rgba = context.getImageData(0, 0, width, height).data;
+    return { thumb: thumb.map((v) => v / (cw * ch)) };
+""")
+# The centroid of the object's pixels, 80 RGB units or more from the background `arg` (toyworld-play).
+CENTROID_HOOK = frame_hook("""
+    const [r0, g0, b0] = arg;
     let sx = 0, sy = 0, n = 0;
     for (let y = 0; y < height; y++) {
       for (let x = 0; x < width; x++) {
@@ -137,12 +144,8 @@ CENTROID_HOOK = """
         if (dr * dr + dg * dg + db * db > 6400) { sx += x + 0.5; sy += y + 0.5; n++; }
       }
     }
-    window.benchFrames.push({ at: meta.expectedDisplayTime, x: n ? sx / n : null, y: n ? sy / n : null, area: n });
-    video.requestVideoFrameCallback(onFrame);
-  };
-  video.requestVideoFrameCallback(onFrame);
-}
-"""
+    return { x: n ? sx / n : null, y: n ? sy / n : null, area: n };
+""")
 SENT = (
     "() => inferixViewer.play.sent.map((e) => ({keys: e.keys, inputAt: e.inputAt, sentAt: e.sentAt,"
     " answeredAt: e.answeredAt, appliesAt: e.appliesAt, state: e.state}))"
@@ -227,6 +230,22 @@ def key_event(page: Page, down: bool, key: str) -> None:
         raise RuntimeError(f"the page's action was {state}: {page.evaluate(SENT)[-1]}")
 
 
+def stop_and_collect(
+    client: Client, session_id: str, num_blocks: int, page: Page
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """Stop the session, let the viewer play out the frames still due, then return what the page sent, the
+    frames the hook saw and the streamer's stream stats."""
+    with client.interact(session_id, from_block=num_blocks) as session:
+        session.stop()
+        next(e for e in session.events() if isinstance(e, CommandAccepted) and e.command == "stop")
+    wait(page, "inferixViewer.status && inferixViewer.status.stream.ended", timeout_s=60)
+    last = -1  # the stream has ended once the frames due are played: wait until the hook is quiet
+    while (count := page.evaluate("window.benchFrames.length")) != last:
+        last = count
+        time.sleep(1.0)
+    return page.evaluate(SENT), page.evaluate("window.benchFrames"), page.evaluate("inferixViewer.status.stream")
+
+
 def warm_up(mesh: Mesh, image: Path) -> None:
     """One short session first: the worker's first blocks pay one-off costs."""
     with Client(mesh.address, timeout=120) as client:
@@ -253,17 +272,7 @@ def play(mesh: Mesh, browser: Any, workdir: Path, lookahead: int, presses: int, 
                 for down in (True, False):
                     time.sleep(rng.uniform(0, block_s))  # any phase of the block on screen
                     key_event(page, down, key)
-            with client.interact(info.session_id, from_block=info.num_blocks) as session:
-                session.stop()
-                next(e for e in session.events() if isinstance(e, CommandAccepted) and e.command == "stop")
-            wait(page, "inferixViewer.status && inferixViewer.status.stream.ended", timeout_s=60)
-            last = -1  # the viewer plays out the frames still due, then the stream ends: wait until it is quiet
-            while (count := page.evaluate("window.benchFrames.length")) != last:
-                last = count
-                time.sleep(1.0)
-            sent = page.evaluate(SENT)
-            presented = page.evaluate("window.benchFrames")
-            stream = page.evaluate("inferixViewer.status.stream")
+            sent, presented, stream = stop_and_collect(client, info.session_id, info.num_blocks, page)
             stats = page.evaluate(
                 "inferixViewer.pc.getStats().then((r) => { let d = 0; r.forEach((s) => {"
                 " if (s.type === 'inbound-rtp' && s.kind === 'video') d = s.framesDropped || 0; }); return d; })"
@@ -296,16 +305,7 @@ def play_motion(mesh: Mesh, browser: Any, lookahead: int, presses: int, rng: ran
                 key_event(page, True, key)
                 time.sleep(rng.uniform(0, block_s))
                 key_event(page, False, key)
-            with client.interact(info.session_id, from_block=info.num_blocks) as session:
-                session.stop()
-                next(e for e in session.events() if isinstance(e, CommandAccepted) and e.command == "stop")
-            wait(page, "inferixViewer.status && inferixViewer.status.stream.ended", timeout_s=60)
-            last = -1
-            while (count := page.evaluate("window.benchFrames.length")) != last:
-                last = count
-                time.sleep(1.0)
-            sent, presented = page.evaluate(SENT), page.evaluate("window.benchFrames")
-            stream = page.evaluate("inferixViewer.status.stream")
+            sent, presented, stream = stop_and_collect(client, info.session_id, info.num_blocks, page)
         finally:
             page.close()
         blocks = {e.block_index: e for e in client.events(info.session_id) if isinstance(e, BlockDone)}

@@ -354,8 +354,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             session.events.append(event)
         metrics.BLOCKS.inc()
         metrics.BLOCK_SECONDS.observe(block.total_s)
-        metrics.VIDEO_SECONDS.inc(block.frames.shape[0] / self.model.fps)
-        self.speed.record(block.frames.shape[0] / self.model.fps, block.total_s)
+        video_s = block.frames.shape[0] / self.model.fps
+        metrics.VIDEO_SECONDS.inc(video_s)
+        self.speed.record(video_s, block.total_s)
         return event
 
     async def run_batched(self, video: AnyVideo) -> VideoBlock:
