@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -91,6 +92,18 @@ def test_compiled_sessions_equal_eager_ones_and_compile_only_in_the_warm_up(bloc
     assert counters["stats"]["unique_graphs"] == graphs  # two sessions, their fill and roll: no compile
     for ours, theirs in zip(got, expected, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+def test_several_compiled_dits_in_one_process_all_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dynamo files every DiT's graphs under `denoise_step`'s one code object; past its default limit
+    of 8 the later DiTs ran eagerly without a word (a bench comparing dtypes did)."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    block = BlockConfig(2, WINDOW, SINK)
+    for layers in range(1, 6):  # each DiT its own graphs (fill and roll): about twice the default limit
+        pipeline = tiny_pipeline(block, dit_config=dataclasses.replace(TINY_DIT, num_layers=layers))
+        compile_dit(pipeline.dit, CompileOptions(backend="eager"))
+        assert warm_up(pipeline, LATENT_H, LATENT_W).graphs >= 1, f"the DiT of {layers} layer(s) ran eagerly"
 
 
 def test_an_inductor_step_equals_the_eager_step() -> None:

@@ -32,6 +32,8 @@ from workers.engine.kv.protocol import SelfAttentionCache
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.pipeline import BlockDiffusionPipeline
 
+MIN_RECOMPILE_LIMIT = 64
+
 
 @dataclass(frozen=True)
 class CompileOptions:
@@ -60,6 +62,10 @@ def compile_dit(dit: CausalWanDiT, options: CompileOptions = CompileOptions()) -
     if dit.parallel is not None:
         raise ValueError("a sequence-parallel DiT runs eagerly: compile it without a sequence-parallel hook")
     dit.requires_grad_(False)
+    # Dynamo keeps every DiT's graphs under the one code object of `denoise_step`, 8 at most by
+    # default: a process with a few compiled DiTs (dtypes, latent sizes) would silently run the
+    # later ones eagerly. Each needs a few graphs (fill and roll per latent size).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, MIN_RECOMPILE_LIMIT)
     dit.compiled_step = torch.compile(dit.denoise_step, backend=options.backend, mode=options.mode)
 
 
