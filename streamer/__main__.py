@@ -212,6 +212,14 @@ def _add_http_arguments(parser: argparse.ArgumentParser) -> None:
         help="WHEP offers per second per session and viewer token; more is 429 "
         "(env INFERIX_STREAMER_OFFERS_PER_S; default %(default)g)",
     )
+    group.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=float(env("INFERIX_STREAMER_IDLE_TIMEOUT_S", str(defaults.idle_timeout_s))),
+        help="seconds a connection may go without a whole request header, from its opening or its last "
+        "answer; then it is closed (slow headers, idle keep-alives; env INFERIX_STREAMER_IDLE_TIMEOUT_S; "
+        "default %(default)g)",
+    )
 
 
 def _http_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[HttpLimits, ReloadingTls | None]:
@@ -222,10 +230,13 @@ def _http_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         ("--body-timeout-s", args.body_timeout_s),
         ("--commands-per-s", args.commands_per_s),
         ("--offers-per-s", args.offers_per_s),
+        ("--idle-timeout-s", args.idle_timeout_s),
     ):
         if not value > 0:
             parser.error(f"{flag} must be positive, got {value:g}")
-    limits = HttpLimits(args.max_body_bytes, args.body_timeout_s, args.commands_per_s, args.offers_per_s)
+    limits = HttpLimits(
+        args.max_body_bytes, args.body_timeout_s, args.commands_per_s, args.offers_per_s, args.idle_timeout_s
+    )
     if (args.http_tls_cert is None) != (args.http_tls_key is None):
         parser.error("--tls-cert and --tls-key go together (a certificate and its private key)")
     tls = ReloadingTls(args.http_tls_cert, args.http_tls_key) if args.http_tls_cert is not None else None

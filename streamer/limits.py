@@ -18,12 +18,16 @@ _MAX_BUCKETS = 4096  # above this, full (idle) buckets are dropped: memory stays
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """The HTTP server's limits (flags --max-body-bytes, --body-timeout-s, --commands-per-s, --offers-per-s)."""
+    """The HTTP server's limits (flags --max-body-bytes, --body-timeout-s, --commands-per-s, --offers-per-s,
+    --idle-timeout-s)."""
 
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KiB; a command body far less
     body_timeout_s: float = 10.0  # to send a request body, so a trickling client cannot hold a handler
     commands_per_s: float = 40.0  # per session and token, bursts as many: twice what the page sends at most
     offers_per_s: float = 2.0  # well-formed WHEP offers per session and token: each starts a WebRTC peer
+    # A connection without a whole request header this long after it opened, or after its last answer,
+    # is closed: headers sent a byte at a time (slowloris) or idle keep-alives do not hold sockets.
+    idle_timeout_s: float = 15.0
 
     def rate(self, kind: str) -> float:
         return self.commands_per_s if kind == COMMANDS else self.offers_per_s

@@ -21,7 +21,8 @@ command the scheduler refuses answers its error with the matching status (400 in
 
 Hostile clients get bounded, named refusals (`streamer.limits.HttpLimits`): a body over --max-body-bytes
 is 413, one not sent within --body-timeout-s 408, more than --commands-per-s commands or --offers-per-s
-WHEP offers per session and token 429, a WHEP offer beyond --max-viewers 503. With --tls-cert/--tls-key
+WHEP offers per session and token 429, a WHEP offer beyond --max-viewers 503, and a connection without
+a whole request header within --idle-timeout-s is closed. With --tls-cert/--tls-key
 the server speaks HTTPS only, following rotated files (`streamer.tls`).
 """
 
@@ -181,7 +182,11 @@ class ViewerServer:
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 = any free port); returns the bound port."""
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        # aiohttp's keep-alive timer runs from a connection's opening and closes it while no whole
+        # request has arrived: the one deadline for slow headers and idle connections alike.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, keepalive_timeout=self.limits.idle_timeout_s
+        )
         await self._runner.setup()
         context = self.tls.context if self.tls is not None else None
         await web.TCPSite(self._runner, host, port, ssl_context=context).start()

@@ -1,7 +1,8 @@
 """Hostile HTTP clients of the streamer get bounded, named refusals while the session plays on.
 
-A streamer with small limits (flags and INFERIX_STREAMER_* env): huge and trickled bodies, malformed SDP,
-floods of commands and WHEP offers, one viewer too many, and a client that never reads its answers.
+A streamer with small limits (flags and INFERIX_STREAMER_* env): huge and trickled bodies, trickled
+headers (slowloris), malformed SDP, floods of commands and WHEP offers, one viewer too many, and a
+client that never reads its answers.
 Meanwhile an aiortc viewer (the session's owner watching) keeps decoding frames.
 """
 
@@ -29,7 +30,17 @@ from tests.streamer.media import Video
 from tests.streamer.test_viewers import TOKENS, request
 
 MAX_BODY = 4096
-FLAGS = ["--max-body-bytes", str(MAX_BODY), "--offers-per-s", "1", "--body-timeout-s", "1"]
+IDLE_S = 2.0
+FLAGS = [
+    "--max-body-bytes",
+    str(MAX_BODY),
+    "--offers-per-s",
+    "1",
+    "--body-timeout-s",
+    "1",
+    "--idle-timeout-s",
+    str(IDLE_S),
+]
 ENV = {"INFERIX_STREAMER_COMMANDS_PER_S": "2", "INFERIX_STREAMER_MAX_VIEWERS": "1"}
 
 
@@ -147,6 +158,46 @@ def test_bodies_over_the_size_or_time_limit_are_refused_by_name(limited: Limited
 
     status, body = request("POST", whep, token, b"v=0\r\nm=video x y\r\n")
     assert status == 400 and "could not be parsed" in body
+
+
+def _closed_after(sock: socket.socket, trickle: list[bytes], limit_s: float) -> float | None:
+    """Send `trickle` a piece every 0.25 s until the server closes `sock`; seconds until it did (None: never
+    within `limit_s`)."""
+    started = time.monotonic()
+    sock.settimeout(0.25)
+    while time.monotonic() - started < limit_s:
+        try:
+            if trickle:
+                sock.sendall(trickle.pop(0))
+            if sock.recv(4096) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            return time.monotonic() - started
+    return None
+
+
+def test_trickled_headers_and_idle_connections_are_closed(limited: Limited) -> None:
+    # Slowloris: a request line, then one header line every 0.25 s, the header never finished.
+    with socket.create_connection(("127.0.0.1", limited.http_port), timeout=10) as slow:
+        lines = [b"GET /healthz HTTP/1.1\r\n"] + [b"X-Pad-%d: y\r\n" % i for i in range(80)]
+        closed = _closed_after(slow, lines, 10 * IDLE_S)
+        assert closed is not None and IDLE_S - 0.5 <= closed < IDLE_S + 2, closed
+        assert request("GET", f"{limited.http}/healthz") == (200, "ok\n")  # others were served meanwhile
+    # A keep-alive connection that asks once, then says nothing more.
+    with socket.create_connection(("127.0.0.1", limited.http_port), timeout=10) as idle:
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert idle.recv(4096).startswith(b"HTTP/1.1 200")
+        closed = _closed_after(idle, [], 10 * IDLE_S)
+        assert closed is not None and closed < IDLE_S + 2, closed
+    # A client that keeps asking is not cut off: the deadline runs from its last answer.
+    with socket.create_connection(("127.0.0.1", limited.http_port), timeout=10) as busy:
+        started = time.monotonic()
+        while time.monotonic() - started < 2 * IDLE_S:
+            busy.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert busy.recv(4096).startswith(b"HTTP/1.1 200")
+            time.sleep(IDLE_S / 4)
 
 
 def test_floods_and_one_viewer_too_many_leave_the_owner_playing(limited: Limited) -> None:
