@@ -37,9 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from toyworld_lab.world import SceneSpec
-from workers.engine.golden import GoldenCase, _recorded_noise, find_cases
-from workers.engine.magi_golden import is_magi_case
-from workers.engine.matrixgame_golden import is_matrixgame_case
+from workers.engine.golden import GoldenCase, _recorded_noise, find_cases, is_wan_case
 from workers.engine.model_dir import TOYWORLD_WEIGHTS, load_model
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.noise import NoiseSource, SeededNoise
@@ -186,9 +184,7 @@ class ErrorRow:
 
 def golden_errors(dtypes: list[str], blocks: int) -> list[ErrorRow]:
     rows = []
-    for case in find_cases(GOLDEN_DIR):
-        if not case.has("outputs") or is_magi_case(case.folder) or is_matrixgame_case(case.folder):
-            continue  # the Wan text-to-video cases: MAGI-1 and Matrix-Game keep their own layouts
+    for case in (c for c in find_cases(GOLDEN_DIR) if is_wan_case(c) and c.has("outputs")):
         inputs = case.tensors("inputs")
         noise = _recorded_noise(inputs)
         _, frames, _, h, w = inputs["initial_noise"].shape

@@ -58,7 +58,7 @@ from torch import Tensor
 
 from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
-from workers.engine.golden import GoldenCase, find_cases
+from workers.engine.golden import find_cases, is_wan_case
 from workers.engine.models.autoencoders import load_vae
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.models.wan.vae import WanVAE
@@ -308,7 +308,7 @@ def run_share(args: argparse.Namespace) -> list[ShareRow]:
     prompt = torch.randn(1, dit_config.text_len, dit_config.text_dim)
     vae = _random_model(args, torch.device("cpu"))
     rows = [_share_row(f"engine bench DiT + VAE dim {args.dim}", pipeline, vae, prompt, (h, w), args)]
-    cases: list[GoldenCase] = [c for c in find_cases(GOLDEN_DIR) if c.has("outputs") and c.has("vae")]
+    cases = [c for c in find_cases(GOLDEN_DIR) if is_wan_case(c) and c.has("outputs") and c.has("vae")]
     for case in cases:
         inputs = case.tensors("inputs")
         _, _, _, h, w = inputs["initial_noise"].shape

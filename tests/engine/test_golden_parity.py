@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from inferix.cli.main import main
 from tests.conftest import GOLDEN_CASES, GOLDEN_DIR
+from workers.engine.golden import find_cases, is_wan_case
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES)
@@ -74,3 +75,9 @@ def test_cpu_fp32_only_cases_are_skipped_in_a_folder_and_refused_alone(
     assert "selfforcing_tiny_rolling" in captured.out  # the Wan case still ran
     assert main(["verify-golden", str(tmp_path / "matrixgame2_tiny"), "--dtype", "bf16"]) == 2
     assert "Matrix-Game 2.0 cases run on the CPU in fp32" in capsys.readouterr().err
+
+
+def test_the_wan_cases_are_told_from_the_other_families() -> None:
+    """Benches that read Wan cases (bench/precision.py, bench/vae.py) broke once a Matrix-Game case landed."""
+    wan = [case.name for case in find_cases(GOLDEN_DIR) if is_wan_case(case)]
+    assert wan == ["causvid_tiny", "selfforcing_tiny_global", "selfforcing_tiny_rolling"]

@@ -110,6 +110,12 @@ class GoldenCase:
         return dit.to(device=self.device, dtype=self.dtype).eval()
 
 
+def is_wan_case(case: GoldenCase) -> bool:
+    """Whether the case is a Wan text-to-video one (Self Forcing, CausVid), the layout `GoldenCase`
+    reads; MAGI-1 and Matrix-Game folders have layouts of their own (`magi_golden`, `matrixgame_golden`)."""
+    return "magi_config" not in case.config and "action" not in case.config
+
+
 def find_cases(root: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[GoldenCase]:
     """The case folders at `root`: itself if it has a config.json, else its sub-folders that do."""
     if not root.is_dir():
