@@ -45,11 +45,15 @@ from workers.engine.models.magi.vae import MagiVAEDecoder, ViTVAEConfig, load_ma
 __all__ = ["MagiCase", "is_magi_case", "verify_magi_case"]
 
 # Measured max abs diffs (README of this module) with ~10x headroom; uint8: pixels off by at most 1.
+# "dit": the captured passes' layer outputs (values up to ~13) carry fp32 rounding amplified ~30x by the
+# attention's post-norm of these random weights, so the CPU's kernels show: our own passes on an AVX512
+# CPU differ from the same passes with SSE kernels by 1.1e-4 (bench/RESULTS.md, MAGI-1), as much as
+# from the reference; 2e-5 held only on CPUs whose rounding matched the reference's machine.
 TOLERANCE = {
     "text": 1e-5,
     "caption_rows": 0.0,
     "schedule": 0.0,
-    "dit": 2e-5,
+    "dit": 2e-4,
     "pipeline": 2e-4,
     "vae": 1e-4,
     "uint8": 1.0,

@@ -22,14 +22,18 @@ from tests.conftest import GOLDEN_DIR
 from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
 
 CASES = ["magi1_tiny_distill", "magi1_tiny_cfg"]
-# Tolerances (max abs, fp32, one thread), measured over every captured pass / every pipeline call:
-#   rope 0 (bit exact), y_xattn_flat 0, embed_x <= 1.8e-7, condition <= 2.4e-7 (sgemm noise: the reference's
-#   gemms see other pointer alignments), kv_fresh <= 4.5e-6, pass outputs <= 4.3e-6 (relative <= 1.2e-6; cfg
-#   outputs are divided by x_rescale_factor 0.1), layer outputs <= 8.3e-6 (the post-norms of the "sandwich"
-#   amplify the noise of small-variance rows). README section 13: ~1e-6 relative agreement is what fp32 allows.
+# Tolerances (max abs, fp32, one thread), measured over every captured pass / every pipeline call on two CPUs:
+#   rope 0 (bit exact), y_xattn_flat 0, embed_x <= 1.8e-7 (sgemm noise: the reference's gemms see other pointer
+#   alignments); condition <= 2.4e-7 on an AVX2 CPU, 1.7e-5 on an AVX512 one (the timestep sinusoid of t up to
+#   1000 in fp32: one ulp of the argument is 6e-5 rad, and the vectorized sin/cos differ by CPU); kv_fresh <= 4.5e-6
+#   / 3.9e-5, pass outputs <= 4.3e-6 / 4.9e-5 (cfg outputs are divided by x_rescale_factor 0.1), layer outputs
+#   <= 8.3e-6 / 1.1e-4 (the post-norms of the "sandwich" amplify the noise of small-variance rows ~30x: our own
+#   passes differ that much between AVX512 and SSE kernels). README section 13: fp32 agrees to ~1e-6 relative
+#   before that amplification; the tolerances leave 2x over the worst CPU measured.
 INPUT_ATOL = 1e-6
-ATOL = 1e-5
-LAYER_ATOL = 2e-5
+CONDITION_ATOL = 5e-5
+ATOL = 1e-4
+LAYER_ATOL = 2e-4
 
 
 @dataclass(frozen=True)
@@ -197,7 +201,7 @@ def test_captured_pass_matches_reference(name: str, call: int, p: int) -> None:
     if "rope" in ref:
         assert torch.equal(capture["rope"], ref["rope"])
     for k in sorted(compared):
-        tol = INPUT_ATOL if k in ("embed_x", "condition", "y_xattn_flat") else ATOL
+        tol = INPUT_ATOL if k in ("embed_x", "y_xattn_flat") else CONDITION_ATOL if k == "condition" else ATOL
         tol = LAYER_ATOL if k.startswith("layer") else tol
         assert max_diff(capture[k], ref[k]) <= tol, (k, max_diff(capture[k], ref[k]))
     assert all(torch.equal(f, capture[f"kv_fresh_l{i}"]) for i, f in enumerate(fresh))

@@ -45,7 +45,6 @@ def test_verify_golden_passes_every_stage(case: str, capsys: pytest.CaptureFixtu
     # The schedule and the window bookkeeping are exact; the DiT agrees to a few fp32 ulps.
     assert records["schedule/t"]["max_abs_diff"] == 0.0
     assert records["schedule/calls (mismatching)"]["max_abs_diff"] == 0.0
-    assert records["dit/captured passes"]["max_abs_diff"] < 1e-5
     assert records["pipeline/latents"]["max_abs_diff"] < 1e-4
 
 
