@@ -11,10 +11,11 @@ per step: no session runs ahead while another waits.
 
 Batching never changes a session's numbers: `CausalWanDiT.forward_batch` computes every row as it
 would alone (see its docstring), so a block is bit-identical whatever runs beside it. One caveat
-is measured, not assumed: CPU BLAS kernels treat a few small row counts on their own (here fp32
-matmuls of 1-3, 5-7 and 9-11 rows give other bits alone than inside a larger matrix), so the
-batcher probes each row count once and runs a call of a count that is not batch-invariant alone
-(e.g. a one-frame re-cache pass of a tiny model). On CUDA, cuBLAS picks kernels by the whole
+is measured, not assumed: CPU BLAS kernels treat a few small row counts on their own (fp32
+matmuls of 1-3, 5-7 and 9-11 rows on an AVX2 CPU, of 1-5 rows 128 wide and 1-15 rows 384 wide on an
+AVX512 one give other bits alone than inside a larger matrix), so the batcher probes each row count
+once with every linear layer shape of the DiT and runs a call of a count that is not batch-invariant
+alone (e.g. a one-frame re-cache pass of a tiny model). On CUDA, cuBLAS picks kernels by the whole
 matrix: batched results differ from solo ones in the last bits (bench/RESULTS.md).
 """
 
@@ -27,11 +28,13 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from inferix.profiling import profile
 from workers.engine.models.wan.dit import CausalWanDiT, DiTCall
 from workers.engine.pipeline import DiTJob
+from workers.engine.quant.linear import QuantLinear
 
 T = TypeVar("T")
 # Token rows per forward at most, by device (`default_max_tokens`). On a GPU, a few 480p blocks (1560
@@ -111,6 +114,14 @@ class BlockBatcher:
         self._arriving: list[BatchJob[object]] = []
         self._running: list[BatchJob[object]] = []  # oldest first: the order the packing follows
         self._invariant: dict[tuple[int, torch.dtype], bool] = {}
+        # (in, out) of the linear layers that run over a forward's joined rows: the blocks' and the head's.
+        self._linear_shapes = sorted(
+            {
+                (m.in_features, m.out_features)
+                for m in (*dit.blocks.modules(), *dit.head.modules())
+                if isinstance(m, nn.Linear | QuantLinear)
+            }
+        )
 
     def add(self, job: DiTJob[T]) -> BatchJob[T]:
         """Queue a job; it starts at the next step."""
@@ -172,7 +183,8 @@ class BlockBatcher:
             tokens = 0
             for entry in group:
                 rows = self._rows(entry)
-                if not self._batch_invariant(entry, rows):
+                # A call of max_tokens rows shares no forward: it is not probed (a real model's probe is slow).
+                if rows >= self.max_tokens or not self._batch_invariant(entry, rows):
                     forwards.append([entry])
                     continue
                 if current and tokens + rows > self.max_tokens:
@@ -185,22 +197,19 @@ class BlockBatcher:
         return forwards
 
     def _batch_invariant(self, entry: BatchJob[object], rows: int) -> bool:
-        """Whether a matmul gives `rows` rows the same bits inside a larger batch as alone (probed
-        once per row count with the DiT's width; assumed on CUDA, where it is measured instead)."""
+        """Whether every linear layer of a forward gives `rows` rows the same bits inside a larger
+        batch as alone (probed once per row count, with each of the DiT's layer shapes: the range of
+        row counts that BLAS treats on their own grows with the input width, e.g. 1-5 rows at 128
+        wide and 1-15 at 384 on an AVX512 CPU; assumed on CUDA, where it is measured instead)."""
         assert entry.call is not None
         x = entry.call.x
         if x.device.type != "cpu":
             return True
         key = (rows, x.dtype)
         if key not in self._invariant:
-            dim = self.dit.config.dim
-            generator = torch.Generator().manual_seed(rows)
-            weight = torch.randn(dim, dim, generator=generator).to(x.dtype)
-            batch = torch.randn(rows + 64, dim, generator=generator).to(x.dtype)
-            together = batch @ weight.T
             self._invariant[key] = all(
-                torch.equal(batch[offset : offset + rows] @ weight.T, together[offset : offset + rows])
-                for offset in (0, 37, 64)
+                _rows_invariant(rows, in_features, out_features, x.dtype)
+                for in_features, out_features in self._linear_shapes
             )
         return self._invariant[key]
 
@@ -268,3 +277,17 @@ class BlockBatcher:
         entry.call = None
         entry.finished_s = time.perf_counter()
         return False
+
+
+def _rows_invariant(rows: int, in_features: int, out_features: int, dtype: torch.dtype) -> bool:
+    """Whether `F.linear` of this shape gives `rows` rows the same bits alone as at three offsets of a
+    matrix 64 rows larger (random values: BLAS picks its kernels by shape, not by value)."""
+    generator = torch.Generator().manual_seed(rows)
+    weight = torch.randn(out_features, in_features, generator=generator).to(dtype)
+    bias = torch.randn(out_features, generator=generator).to(dtype)
+    batch = torch.randn(rows + 64, in_features, generator=generator).to(dtype)
+    together = F.linear(batch, weight, bias)
+    return all(
+        torch.equal(F.linear(batch[offset : offset + rows], weight, bias), together[offset : offset + rows])
+        for offset in (0, 37, 64)
+    )
