@@ -114,13 +114,10 @@ class BlockBatcher:
         self._arriving: list[BatchJob[object]] = []
         self._running: list[BatchJob[object]] = []  # oldest first: the order the packing follows
         self._invariant: dict[tuple[int, torch.dtype], bool] = {}
-        # (in, out) of the linear layers that run over a forward's joined rows: the blocks' and the head's.
+        # (in, out) of the DiT's linear layers, whatever its family: those a forward runs over its joined
+        # rows are among them (the others only make the probe stricter).
         self._linear_shapes = sorted(
-            {
-                (m.in_features, m.out_features)
-                for m in (*dit.blocks.modules(), *dit.head.modules())
-                if isinstance(m, nn.Linear | QuantLinear)
-            }
+            {(m.in_features, m.out_features) for m in dit.modules() if isinstance(m, nn.Linear | QuantLinear)}
         )
 
     def add(self, job: DiTJob[T]) -> BatchJob[T]:
