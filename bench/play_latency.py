@@ -217,6 +217,20 @@ def wait(page: Page, expression: str, timeout_s: float = 30.0) -> Any:
     return value
 
 
+def open_player(browser: Any, url: str, hook: str, hook_arg: Any) -> Page:
+    """The viewer page at `url`, playing, with the frame hook installed and the keys going to it."""
+    page = browser.new_page()
+    try:
+        page.goto(url)
+        wait(page, "inferixViewer.play !== null && inferixViewer.framesDecoded > 0")
+        page.evaluate(hook, hook_arg)
+        page.focus("#screen")
+    except BaseException:
+        page.close()
+        raise
+    return page
+
+
 def key_event(page: Page, down: bool, key: str) -> None:
     """One key event, then wait until the action it changed has reached its block (the page says applied)."""
     before = page.evaluate("inferixViewer.play.sent.length")
@@ -260,12 +274,8 @@ def play(mesh: Mesh, browser: Any, workdir: Path, lookahead: int, presses: int, 
         info = client.create_session(
             model=MODEL, image=image, num_blocks=min(341, presses * (2 * lookahead + 8) + 8), lookahead=lookahead
         )
-        page = browser.new_page()
+        page = open_player(browser, info.viewer_url, FRAME_HOOK, list(THUMB))
         try:
-            page.goto(info.viewer_url)
-            wait(page, "inferixViewer.play !== null && inferixViewer.framesDecoded > 0")
-            page.evaluate(FRAME_HOOK, list(THUMB))
-            page.focus("#screen")
             block_s = 12 / 16  # refined from the events below; only paces the pauses here
             for i in range(presses):
                 key = KEYS[i % len(KEYS)]
@@ -292,12 +302,8 @@ def play_motion(mesh: Mesh, browser: Any, lookahead: int, presses: int, rng: ran
             PLAY_PROMPT, model=PLAY_MODEL, seed=1, num_blocks=min(5000, presses * (2 * lookahead + 12) + 8),
             lookahead=lookahead,
         )  # fmt: skip
-        page = browser.new_page()
+        page = open_player(browser, info.viewer_url, CENTROID_HOOK, list(BACKGROUND))
         try:
-            page.goto(info.viewer_url)
-            wait(page, "inferixViewer.play !== null && inferixViewer.framesDecoded > 0")
-            page.evaluate(CENTROID_HOOK, list(BACKGROUND))
-            page.focus("#screen")
             block_s = 3 / 16
             for i in range(presses):
                 key = PLAY_KEYS[i % len(PLAY_KEYS)]
