@@ -51,7 +51,7 @@ from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from inferix.spec.sizing import native_latent_size
 from toyworld_lab.evaluate import generate_blocks, video_stats
 from workers.engine.engine import Engine
-from workers.engine.golden import GoldenCase, find_cases
+from workers.engine.golden import GoldenCase, find_cases, is_wan_case
 from workers.engine.kv.pool import KV_DTYPES, KVPool, KVPoolSpec
 from workers.engine.model_dir import LoadedModel, load_model
 from workers.engine.models.wan.dit import CausalWanDiT
@@ -168,7 +168,7 @@ def golden_errors(root: Path, runs: list[Variant]) -> tuple[dict[str, dict[str, 
     errors: dict[str, dict[str, float]] = {}
     reference_error: dict[str, float] = {}
     for case in find_cases(root):
-        if "text_encoder" not in case.config or not case.has("dit_forward"):
+        if not is_wan_case(case) or not case.has("dit_forward"):
             continue  # MAGI-1 and action-conditioned cases: not the Wan T2V DiT
         dit = case.build_dit()
         dits = {m: quantized_copy(dit, m) for m in dict.fromkeys(v.weights for v in runs)}

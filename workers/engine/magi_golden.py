@@ -14,7 +14,6 @@ an integer boundary (truncation).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from torch import Tensor
 from inferix.spec.magi import MagiSampling
 from workers.engine.checkpoint import load_into
 from workers.engine.chunk_pipeline import CallRecord, ChunkPipeline, RecordedChunkNoise
-from workers.engine.golden import CaseFolder
+from workers.engine.golden import CaseFolder, is_magi_case
 from workers.engine.golden import Comparison as Result
 from workers.engine.golden import max_abs_diff as _diff
 from workers.engine.models.magi.captions import caption_rows, load_special_tokens, null_rows, valid_rows
@@ -58,11 +57,6 @@ TOLERANCE = {
     "vae": 1e-4,
     "uint8": 1.0,
 }
-
-
-def is_magi_case(folder: Path) -> bool:
-    config = folder / "config.json"
-    return config.is_file() and "magi_config" in json.loads(config.read_text())
 
 
 class MagiCase(CaseFolder):

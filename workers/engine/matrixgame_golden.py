@@ -26,7 +26,7 @@ from torch import Tensor
 from inferix.spec.architectures import WanVAEConfig
 from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
 from workers.engine.flow_match import FlowMatchSchedule
-from workers.engine.golden import CaseFolder, Comparison
+from workers.engine.golden import CaseFolder, Comparison, is_matrixgame_case
 from workers.engine.golden import max_abs_diff as _diff
 from workers.engine.models.matrixgame.action import ActionInputs, ActionRope
 from workers.engine.models.matrixgame.clip import CLIPVisionConfig, CLIPVisionEncoder
@@ -47,13 +47,6 @@ FRAME_SUM_TOLERANCE = 1e-3
 # The pipeline's own video: latents within the DiT tolerance may round to a neighbouring fp16
 # value before decoding (one fp16 step of a small latent moves pixels by ~1e-5..1e-4).
 PIPELINE_VIDEO_TOLERANCE = 5e-4
-
-
-def is_matrixgame_case(folder: Path) -> bool:
-    config = folder / "config.json"
-    if not config.is_file():
-        return False
-    return "action_config" in json.loads(config.read_text()).get("dit_config_json", {})
 
 
 def _engine(t: Tensor) -> Tensor:
