@@ -29,13 +29,13 @@ def paged_session(frames: int = WINDOW) -> PagedSessionCache:
     return KVPool(spec).open_session("s", TOKENS, window_frames=WINDOW, sink_frames=SINK)
 
 
-def step_arguments(dit: CausalWanDiT, call: DiTCall) -> tuple[Any, ...]:
+def step_arguments(dit: CausalWanDiT, call: DiTCall) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The arguments `forward_batch` gives `denoise_step` for `call` (its prologue, `begin` included, runs)."""
-    captured: list[tuple[Any, ...]] = []
+    captured: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
-    def capture(*args: Any) -> Tensor:
-        captured.append(args)
-        return dit.denoise_step(*args)
+    def capture(*args: Any, **kwargs: Any) -> Tensor | None:
+        captured.append((args, kwargs))
+        return dit.denoise_step(*args, **kwargs)
 
     dit.compiled_step = capture
     try:
@@ -51,19 +51,22 @@ def test_a_step_is_one_graph_while_the_window_fills_and_rolls(frames_per_block: 
     dit = tiny_dit()
     cache = paged_session()
     text = dit.encode_prompt(prompt(0))
-    # fullgraph: a graph break raises. Every block's step, through the fill and two turns of the ring.
+    # fullgraph: a graph break raises. Every block's step and context pass, through the fill and
+    # two turns of the ring.
     whole = torch.compile(dit.denoise_step, backend="eager", fullgraph=True)
     blocks = (WINDOW + 2 * (WINDOW - SINK)) // frames_per_block
     with torch.no_grad():
         for block in range(blocks):
             x = torch.randn(1, frames_per_block, TINY_DIT.in_dim, LATENT_H, LATENT_W)
             t = torch.full((1, frames_per_block), 500.0)
-            args = step_arguments(dit, DiTCall(x, t, text, cache, block * frames_per_block))
-            whole(*args)
-            if block in (0, blocks - 1):  # filling, rolling
-                explanation = torch._dynamo.explain(dit.denoise_step)(*args)
-                assert explanation.graph_break_count == 0, explanation.break_reasons
-                assert explanation.graph_count == 1
+            for kind in ("denoise_step", "context_pass"):
+                args, kwargs = step_arguments(dit, DiTCall(x, t, text, cache, block * frames_per_block, kind=kind))
+                assert kwargs["cache_only"] == (kind == "context_pass")
+                whole(*args, **kwargs)
+                if block in (0, blocks - 1):  # filling, rolling
+                    explanation = torch._dynamo.explain(dit.denoise_step)(*args, **kwargs)
+                    assert explanation.graph_break_count == 0, explanation.break_reasons
+                    assert explanation.graph_count == 1
     assert len(cache.frames) == WINDOW  # it rolled
 
 
@@ -85,7 +88,7 @@ def test_compiled_sessions_equal_eager_ones_and_compile_only_in_the_warm_up(bloc
     eager, compiled = tiny_pipeline(block), tiny_pipeline(block)
     compile_dit(compiled.dit, CompileOptions(backend="aot_eager"))
     report = warm_up(compiled, LATENT_H, LATENT_W, num_blocks=num_blocks)
-    assert report.calls == warm_up_blocks(block, num_blocks) and report.graphs >= 1
+    assert report.blocks == warm_up_blocks(block, num_blocks) and report.graphs >= 1
     graphs = counters["stats"]["unique_graphs"]
     expected = latents(eager, [0, 1], num_blocks)
     got = latents(compiled, [0, 1], num_blocks)
@@ -133,7 +136,7 @@ def test_batched_forwards_stay_eager() -> None:
         for cache in (pool.open_session(name, TOKENS, WINDOW, SINK) for name in "ab")
     ]
 
-    def not_for_a_batch(*args: Any) -> Tensor:
+    def not_for_a_batch(*args: Any, **kwargs: Any) -> Tensor:
         raise AssertionError("a batched forward ran the single-call step")
 
     dit.compiled_step = not_for_a_batch
@@ -147,7 +150,7 @@ def test_an_engine_compiles_at_start_up_and_its_sessions_match_eager_ones() -> N
     with engine.open("a red ball bouncing to the right", seed=3, num_blocks=3) as session:
         expected = [block.latents for block in session]
     warm = engine.compile(options=CompileOptions(backend="aot_eager"))
-    assert warm.calls == warm_up_blocks(engine.pipeline.config.block) and warm.graphs >= 1
+    assert warm.blocks == warm_up_blocks(engine.pipeline.config.block) and warm.graphs >= 1
     graphs = counters["stats"]["unique_graphs"]
     with engine.open("a red ball bouncing to the right", seed=3, num_blocks=3) as session:
         got = [block.latents for block in session]

@@ -37,9 +37,11 @@ def test_the_static_buffer_step_gives_the_eager_frames_bit_for_bit(block: BlockC
     for seed in (1, 2):
         assert all(torch.equal(a, b) for a, b in zip(video(eager, seed), video(static, seed), strict=True))
         other.begin(seed - 1, 1)
-    # One set of buffers per step shape: the window's fill, then one for every rolling block.
+    # One set of buffers per step shape: the window's fill, then one for every rolling block; each
+    # twice, for the denoising steps and for the context pass (which stops at the last K/V).
     shapes = len(step.buffers)
-    assert shapes == (3 if block == ROLLING else 6)
+    assert shapes == 2 * (3 if block == ROLLING else 6)
+    assert sum(key[-1] for key in step.buffers) == shapes // 2
     tables = {key: b.cache.read_ids.data_ptr() for key, b in step.buffers.items()}
     video(static, 3)
     assert len(step.buffers) == shapes

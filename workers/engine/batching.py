@@ -263,7 +263,6 @@ class BlockBatcher:
             elif error is not None:
                 entry.call = entry.job.throw(error)
             else:
-                assert flow is not None
                 entry.call = entry.job.send(flow)
             return True
         except StopIteration as stop:

@@ -9,8 +9,9 @@ cache's `begin` and its pool lock, the time-embedding and RoPE-table lookups). B
 Recompiles. Dynamo guards on the ints the cache reads (its page ranges) and on the shapes that
 change while a window fills (the KV length). With automatic dynamic shapes (`dynamic=None`), an
 int or a dim that changes a second time becomes symbolic, so a session's later blocks and other
-sessions reuse the graphs. `warm_up` runs a throwaway session of the served latent size, one DiT
-call per block (every call of a block has the same shapes and pages), through the fill of its
+sessions reuse the graphs. `warm_up` runs a throwaway session of the served latent size, a
+denoising step and a context pass per block (the steps of a block have the same shapes and pages;
+a context pass is a graph of its own, which stops at the last block's K/V), through the fill of its
 window and two turns of its ring, so that those compiles happen at start-up, never in a user's
 block. The graphs also guard on the pool's shape: the warm-up runs in the pool sessions will use.
 
@@ -29,7 +30,7 @@ import torch
 
 from inferix.spec.sampling import BlockConfig
 from workers.engine.kv.protocol import SelfAttentionCache
-from workers.engine.models.wan.dit import CausalWanDiT
+from workers.engine.models.wan.dit import CausalWanDiT, DiTCall
 from workers.engine.pipeline import BlockDiffusionPipeline
 
 MIN_RECOMPILE_LIMIT = 64
@@ -45,9 +46,10 @@ class CompileOptions:
 
 @dataclass(frozen=True)
 class WarmUp:
-    """What `warm_up` did: DiT calls run, graphs compiled (dynamo's count), seconds taken."""
+    """What `warm_up` did: blocks run (a denoising step and a context pass each), graphs compiled
+    (dynamo's count), seconds taken."""
 
-    calls: int
+    blocks: int
     graphs: int
     seconds: float
 
@@ -104,14 +106,15 @@ def warm_up_cache(
     block: BlockConfig,
     latent_height: int,
     latent_width: int,
-    calls: int | None = None,
+    blocks: int | None = None,
 ) -> WarmUp:
-    """`warm_up` on a fresh cache of the caller's (in the pool its sessions will use): `calls` DiT
-    calls (default `warm_up_blocks(block)`), one per block of `block`'s frames, float32 latents
-    as a pipeline gives them. The cache is left holding the last blocks' (meaningless) K/V."""
+    """`warm_up` on a fresh cache of the caller's (in the pool its sessions will use): for each of
+    `blocks` blocks (default `warm_up_blocks(block)`) of `block`'s frames, a denoising step and a
+    context pass (a graph of its own: it stops at the last block's K/V), float32 latents as a
+    pipeline gives them. The cache is left holding the last blocks' (meaningless) K/V."""
     from torch._dynamo.utils import counters
 
-    calls = warm_up_blocks(block) if calls is None else calls
+    blocks = warm_up_blocks(block) if blocks is None else blocks
     nf = block.num_frame_per_block
     device = dit.patch_embedding.weight.device
     graphs = counters["stats"]["unique_graphs"]
@@ -120,6 +123,7 @@ def warm_up_cache(
         prompt = dit.encode_prompt(torch.zeros(1, 1, dit.config.text_dim, device=device))
         x = torch.zeros(1, nf, dit.config.in_dim, latent_height, latent_width, device=device)
         t = torch.zeros(1, nf, device=device)
-        for b in range(calls):
+        for b in range(blocks):
             dit(x, t, prompt, cache, start_frame=b * nf)
-    return WarmUp(calls, counters["stats"]["unique_graphs"] - graphs, time.perf_counter() - began)
+            dit.forward_batch([DiTCall(x, t, prompt, cache, b * nf, kind="context_pass")])
+    return WarmUp(blocks, counters["stats"]["unique_graphs"] - graphs, time.perf_counter() - began)

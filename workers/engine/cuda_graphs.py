@@ -6,7 +6,8 @@ cross-attention K/V of every layer, and the session's KV pages as two fixed-size
 (the pages the step writes, the pages attention reads, in the order it reads them). Before each
 replay the step copies its session's values and page ids into those buffers; the KV pool's
 tensors never move, so one graph serves every session whose call has the same shapes and table
-sizes: a window's fill captures one graph per cache length, its rolling phase one in all.
+sizes: a window's fill captures one graph per cache length, its rolling phase one in all; the
+context passes, which stop at the last layer's K/V and return no flow, have graphs of their own.
 
 Attention in a graph gathers the read pages by id (a capture cannot read a host-side page range),
 then runs the backend's dense kernel; the gather reads the pages in the order the eager path
@@ -51,14 +52,18 @@ class StaticPagedCache:
         raise RuntimeError("a static cache is loaded from a begun session cache (StaticPagedCache.load)")
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
-        spec = self.pool.spec
-        shape = (-1, spec.page_size, spec.num_heads, spec.head_dim)
-        self.pool.write(layer, self.write_ids, k[0].reshape(shape), v[0].reshape(shape))
+        self.store(layer, k, v)
         keys, values = self.pool.fetch_pages(layer, self.read_ids)  # dequantized when the pool is 8-bit
         return backend.dense(q, keys.unsqueeze(0), values.unsqueeze(0))
 
+    def store(self, layer: int, k: Tensor, v: Tensor) -> None:
+        spec = self.pool.spec
+        shape = (-1, spec.page_size, spec.num_heads, spec.head_dim)
+        self.pool.write(layer, self.write_ids, k[0].reshape(shape), v[0].reshape(shape))
 
-StepKey = tuple[tuple[int, ...], tuple[int, ...], int, int, torch.dtype]
+
+# (latents shape, prompt K shape, pages written, pages read, dtype, cache only: a context pass)
+StepKey = tuple[tuple[int, ...], tuple[int, ...], int, int, torch.dtype, bool]
 
 
 @dataclass
@@ -98,6 +103,7 @@ class _StepBuffers:
 
     inputs: StepInputs
     cache: StaticPagedCache
+    cache_only: bool
     out: Tensor | None = None
     graph: torch.cuda.CUDAGraph | None = None
 
@@ -129,29 +135,33 @@ class StaticStep:
         keys: list[Tensor],
         values: list[Tensor],
         cache: SelfAttentionCache | None,
-    ) -> Tensor:
+        cache_only: bool = False,
+    ) -> Tensor | None:
         inputs = StepInputs(x, e0, e_head, rotations, keys, values)
         if not isinstance(cache, PagedSessionCache) or cache.pool is not self.pool:
-            return self.dit.denoise_step(*inputs.tensors_as_args(), cache)
+            return self.dit.denoise_step(*inputs.tensors_as_args(), cache, cache_only=cache_only)
         key: StepKey = (
             tuple(x.shape),
             tuple(keys[0].shape),
             len(cache.write_pages()),
             len(cache.read_pages()),
             x.dtype,
+            cache_only,
         )
         buffers = self.buffers.get(key)
         if buffers is None:
             if len(self.buffers) >= self.max_graphs:
-                return self.dit.denoise_step(*inputs.tensors_as_args(), cache)
-            buffers = _StepBuffers(inputs.empty_like(), StaticPagedCache(self.pool, key[2], key[3]))
+                return self.dit.denoise_step(*inputs.tensors_as_args(), cache, cache_only=cache_only)
+            buffers = _StepBuffers(inputs.empty_like(), StaticPagedCache(self.pool, key[2], key[3]), cache_only)
             self.buffers[key] = buffers
         buffers.fill(inputs, cache)
-        return self.run(buffers).clone()
+        out = self.run(buffers)
+        return None if out is None else out.clone()
 
-    def run(self, buffers: _StepBuffers) -> Tensor:
+    def run(self, buffers: _StepBuffers) -> Tensor | None:
         """The step on the filled buffers (eagerly here; `CudaGraphStep` replays a capture)."""
-        return self.dit.denoise_step(*buffers.inputs.tensors_as_args(), buffers.cache)
+        args = buffers.inputs.tensors_as_args()
+        return self.dit.denoise_step(*args, buffers.cache, cache_only=buffers.cache_only)
 
 
 class CudaGraphStep(StaticStep):
@@ -165,12 +175,12 @@ class CudaGraphStep(StaticStep):
         super().__init__(dit, pool, max_graphs)
         self.memory_pool = torch.cuda.graph_pool_handle()  # one pool: the graphs share their memory
 
-    def run(self, buffers: _StepBuffers) -> Tensor:
+    def run(self, buffers: _StepBuffers) -> Tensor | None:
         if buffers.graph is None:
             self._capture(buffers)
-        assert buffers.graph is not None and buffers.out is not None
+        assert buffers.graph is not None
         buffers.graph.replay()
-        return buffers.out
+        return buffers.out  # None for a context pass's graph: it only writes K/V pages
 
     def _capture(self, buffers: _StepBuffers) -> None:
         # Warm-up runs write the session's own K/V to its own pages, as the replay then does again.

@@ -43,8 +43,9 @@ from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV, DiTCal
 from workers.engine.noise import NoiseSource, SeededNoise
 
 T = TypeVar("T")
-# A computation that needs DiT forwards: yields each call, is sent its flow, returns a T.
-DiTJob = Generator[DiTCall, Tensor, T]
+# A computation that needs DiT forwards: yields each call, is sent its flow (None for a context
+# pass, `DiTCall.cache_only`), returns a T.
+DiTJob = Generator[DiTCall, Tensor | None, T]
 
 
 def run_solo(dit: CausalWanDiT, job: DiTJob[T]) -> T:
@@ -297,6 +298,7 @@ class GenerationSession:
         for i, t_value in enumerate(steps):
             t = torch.full((1, nf), 0, dtype=steps.dtype, device=device) + t_value.to(device)
             flow = yield from self._call(x, t, start, "denoise_step")
+            assert flow is not None
             x0 = self.pipeline.schedule.x0_from_flow(x, flow, t)
             if self.record_steps:
                 step_x0.append(x0.clone())
@@ -362,7 +364,7 @@ class GenerationSession:
         dtype = self.pipeline.timesteps.dtype
         return torch.full((1, frames), self.sampling.context_noise, device=self.pipeline.device).to(dtype)
 
-    def _call(self, x: Tensor, t: Tensor, start_frame: int, kind: str) -> DiTJob[Tensor]:
+    def _call(self, x: Tensor, t: Tensor, start_frame: int, kind: str) -> DiTJob[Tensor | None]:
         """One DiT call over frames from `start_frame`, at the time positions the table holds.
 
         The offset is a function of the pass's last frame alone, so every pass of one block (and

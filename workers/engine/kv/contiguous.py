@@ -75,7 +75,11 @@ class ContiguousKVCache:
             self.position_offset = offset
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
+        self.store(layer, k, v)
+        hi = self._write[1]
+        return backend.dense(q, self.k[layer, :, :hi], self.v[layer, :, :hi])
+
+    def store(self, layer: int, k: Tensor, v: Tensor) -> None:
         lo, hi = self._write
         self.k[layer, :, lo:hi] = k
         self.v[layer, :, lo:hi] = v
-        return backend.dense(q, self.k[layer, :, :hi], self.v[layer, :, :hi])

@@ -133,5 +133,13 @@ class ShardedAttentionCache:
             out = ulysses_gather_heads(out, self._frames, ulysses)
         return out
 
+    def store(self, layer: int, k: Tensor, v: Tensor) -> None:
+        """The rank's share of k/v (its heads of the ring shard, as `attend` stores them), stored."""
+        ulysses = self.parallel.ulysses
+        if ulysses is not None:
+            k, v = ulysses_scatter_heads(torch.stack([k, v]), self._frames, ulysses).unbind(0)
+        if self.inner is not None:
+            self.inner.store(layer, k, v)
+
 
 __all__ = ["SequenceParallel", "ShardedAttentionCache"]

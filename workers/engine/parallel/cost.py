@@ -2,7 +2,10 @@
 
 The model counts exactly what `workers.engine.parallel` issues (tests compare it with the bytes
 the wrapped collectives counted), per rank and per block = (denoising steps + the context pass)
-forwards of `num_layers` self-attention layers plus one output gather per forward:
+forwards of `num_layers` self-attention layers plus one output gather per denoising step. The
+context pass stops at its last layer's K/V (`CausalWanDiT._blocks_and_head`): that layer sends
+only the all-to-all of the stacked k, v (half a Ulysses layer's bytes, one operation), no ring
+hop, and the pass gathers no output.
 
   N = tokens per block, n = N / P (one rank's tokens), C = tokens the block attends to (its
   cached context, itself included), E = activation bytes, H heads of D channels, P = U x R.
@@ -12,7 +15,7 @@ forwards of `num_layers` self-attention layers plus one output gather per forwar
   Ring pass-KV:        R-1 hops of this rank's K and V shard: (R-1) * 2 * C/R * H/U * D * E
   Ring pass-Q:         R-1 hops of the query shard, then the R-1 partial outputs and their fp32
                        log-sum-exps go home: (R-1) * N/R * H/U * (2 D E + 4)
-  Output gather:       (P-1) * n * out_channels * E per forward
+  Output gather:       (P-1) * n * out_channels * E per denoising step
 
 In block diffusion N is one block and C a window of many blocks, so pass-Q moves about N / C of
 pass-KV's bytes. Time is predicted as bytes / bandwidth + operations * latency on one link model,
@@ -148,14 +151,15 @@ def predict(plan: ParallelPlan, shape: WorkloadShape) -> CommCost:
         ring_ops = (r - 1) + 2
     else:
         ring_layer, ring_ops = 0, 0
-    layers = shape.num_layers * shape.forwards_per_block
+    layers = shape.num_layers * shape.forwards_per_block - 1  # whole layers: all but the context pass's last
+    steps = shape.forwards_per_block - 1
     gather = (p - 1) * local_tokens * shape.out_channels * e
     return CommCost(
         plan=plan,
-        ulysses_bytes=layers * ulysses_layer,
+        ulysses_bytes=layers * ulysses_layer + ulysses_layer // 2,
         ring_bytes=layers * ring_layer,
-        gather_bytes=shape.forwards_per_block * gather,
-        operations=layers * (ulysses_ops + ring_ops) + shape.forwards_per_block * (p > 1),
+        gather_bytes=steps * gather,
+        operations=layers * (ulysses_ops + ring_ops) + ulysses_ops // 2 + steps * (p > 1),
     )
 
 

@@ -62,6 +62,11 @@ class DiTCall:
     kind: str = "denoise_step"
     key_rows: Tensor | None = None
 
+    @property
+    def cache_only(self) -> bool:
+        """A context pass: only the K/V it writes are kept, never its flow (see `denoise_step`)."""
+        return self.kind == "context_pass" and self.cache is not None
+
 
 def _attend_groups(
     queries: Sequence[Tensor],
@@ -98,6 +103,10 @@ class PackedSelfAttention:
 
     def begin(self, start_frame: int, num_frames: int) -> None:
         raise RuntimeError("the caches of a batched forward are begun one by one (CausalWanDiT.begin)")
+
+    def store(self, layer: int, k: Tensor, v: Tensor) -> None:
+        for cache, ki, vi in zip(self.caches, k.split(self.rows, 1), v.split(self.rows, 1), strict=True):
+            cache.store(layer, ki, vi)
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, backend: AttentionBackend) -> Tensor:
         parts = list(zip(self.caches, q.split(self.rows, 1), k.split(self.rows, 1), v.split(self.rows, 1), strict=True))
@@ -204,15 +213,22 @@ class SelfAttention(_Attention):
         cache: SelfAttentionCache | None,
         backend: AttentionBackend,
     ) -> Tensor:
-        b, s, _ = x.shape
-        shape = (b, s, self.num_heads, self.head_dim)
-        q = self.norm_q(self.q(x)).view(shape)
-        k = self.norm_k(self.k(x)).view(shape)
-        v = self.v(x).view(shape)
-        q = apply_rope(q, rotations).type_as(v)
-        k = apply_rope(k, rotations).type_as(v)
+        k, v = self._keys_values(x, rotations)
+        q = apply_rope(self.norm_q(self.q(x)).view(self._heads(x)), rotations).type_as(v)
         out = backend.dense(q, k, v) if cache is None else cache.attend(layer, q, k, v, backend)
         return self.o(out.flatten(2))
+
+    def store(self, x: Tensor, rotations: Tensor, layer: int, cache: SelfAttentionCache) -> None:
+        """Only write the K/V of tokens x into the cache (no query, no attention)."""
+        cache.store(layer, *self._keys_values(x, rotations))
+
+    def _heads(self, x: Tensor) -> tuple[int, int, int, int]:
+        return (x.shape[0], x.shape[1], self.num_heads, self.head_dim)
+
+    def _keys_values(self, x: Tensor, rotations: Tensor) -> tuple[Tensor, Tensor]:
+        """Post-RoPE keys and values [B, S, H, D] of tokens x [B, S, dim]."""
+        v = self.v(x).view(self._heads(x))
+        return apply_rope(self.norm_k(self.k(x)).view(self._heads(x)), rotations).type_as(v), v
 
 
 class CrossAttention(_Attention):
@@ -276,13 +292,13 @@ class AttentionBlock(nn.Module):
     ) -> Tensor:
         # x: [B, F*S, dim]; e: [B, F, 6, dim] float32 (one modulation per latent frame). In a batched
         # forward the sessions' frames follow each other (same S), so this layout still holds.
-        b, frames = e.shape[:2]
-        shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.unsqueeze(1) + e).chunk(6, dim=2)
+        frames = e.shape[1]
+        shift1, scale1, gate1, shift2, scale2, gate2 = self._modulation(e)
 
         def per_frame(t: Tensor) -> Tensor:
             return t.unflatten(1, (frames, -1))
 
-        h = (per_frame(self.norm1(x)).float() * (1 + scale1) + shift1).flatten(1, 2).type_as(x)
+        h = _modulate(self.norm1(x), shift1, scale1)
         y = self.self_attn(h, rotations, layer, cache, backend)
         x = x + (per_frame(y).float() * gate1).flatten(1, 2).type_as(x)
         x = x + self.cross_attn(self.norm3(x), prompts, rows, backend)
@@ -290,9 +306,23 @@ class AttentionBlock(nn.Module):
             x = x + torch.cat(
                 [self.keyboard(part, keys) for part, keys in zip(x.split(rows, 1), key_rows, strict=True)], 1
             )
-        h = (per_frame(self.norm2(x)).float() * (1 + scale2) + shift2).flatten(1, 2).type_as(x)
-        y = self.ffn(h)
+        y = self.ffn(_modulate(self.norm2(x), shift2, scale2))
         return x + (per_frame(y).float() * gate2).flatten(1, 2).type_as(x)
+
+    def store_kv(self, x: Tensor, e: Tensor, rotations: Tensor, layer: int, cache: SelfAttentionCache) -> None:
+        """What `forward` writes into the cache, and nothing else: the self-attention K/V of x."""
+        shift1, scale1 = self._modulation(e)[:2]
+        self.self_attn.store(_modulate(self.norm1(x), shift1, scale1), rotations, layer, cache)
+
+    def _modulation(self, e: Tensor) -> tuple[Tensor, ...]:
+        """(shift, scale, gate) of self-attention, then of the FFN, each [B, F, 1, dim] float32."""
+        return (self.modulation.unsqueeze(1) + e).chunk(6, dim=2)
+
+
+def _modulate(normed: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    """Normed tokens [B, F*S, dim] scaled and shifted per frame (shift / scale [B, F, 1, dim]) in float32."""
+    frames = shift.shape[1]
+    return (normed.unflatten(1, (frames, -1)).float() * (1 + scale) + shift).flatten(1, 2).type_as(normed)
 
 
 class Head(nn.Module):
@@ -331,7 +361,7 @@ class CausalWanDiT(nn.Module):
         self.parallel: SequenceParallelHook | None = None
         self._time_cache: dict[tuple[object, ...], tuple[Tensor, Tensor]] = {}
         # `denoise_step` compiled (`workers.engine.compiled.compile_dit`); None: it runs eagerly.
-        self.compiled_step: Callable[..., Tensor] | None = None
+        self.compiled_step: Callable[..., Tensor | None] | None = None
 
     def set_attention_backend(self, name: str) -> None:
         self.backend = get_backend(name)
@@ -388,7 +418,9 @@ class CausalWanDiT(nn.Module):
         keys]: the keys held, for a DiT with a keyboard branch (see `DiTCall`).
         """
         call = DiTCall(x, timesteps, prompt, cache, start_frame, position_offset, key_rows=key_rows)
-        return self.forward_batch([call])[0]
+        flow = self.forward_batch([call])[0]
+        assert flow is not None  # a denoising step's call
+        return flow
 
     def begin(self, call: DiTCall) -> None:
         """Prepare the call's cache for the frames it writes (`KVCapacityError` when the pool is full)."""
@@ -396,8 +428,9 @@ class CausalWanDiT(nn.Module):
             self._grid(call)
             call.cache.begin(call.start_frame, call.x.shape[1] // self.config.patch_size[0])
 
-    def forward_batch(self, calls: list[DiTCall], *, begun: bool = False) -> list[Tensor]:
-        """The flow predictions of several sessions' calls, computed in one forward.
+    def forward_batch(self, calls: list[DiTCall], *, begun: bool = False) -> list[Tensor | None]:
+        """The flow predictions of several sessions' calls, computed in one forward (None for each
+        call when all of them are context passes: `DiTCall.cache_only`).
 
         The calls must share the latent size (one token count per frame); with more than one, each
         has a batch of one video and a cache (or none). `begun`: the caller has already called
@@ -439,7 +472,9 @@ class CausalWanDiT(nn.Module):
                 call.cache.begin(call.start_frame, grids[0][0])
             step = self.denoise_step if self.compiled_step is None else self.compiled_step
             args = (call.x, e0, e_head, rotations, call.prompt.keys, call.prompt.values, call.cache)
-            return [step(*args) if key_rows is None else step(*args, key_rows=key_rows[0])]
+            if key_rows is None:
+                return [step(*args, cache_only=call.cache_only)]
+            return [step(*args, key_rows=key_rows[0], cache_only=call.cache_only)]
         if not begun:
             for call in calls:
                 self.begin(call)
@@ -447,9 +482,12 @@ class CausalWanDiT(nn.Module):
         tokens = torch.cat([self._embed_patches(c.x) for c in calls], 1)
         prompts = [list(zip(c.prompt.keys, c.prompt.values, strict=True)) for c in calls]
         cache = PackedSelfAttention([cast(SelfAttentionCache, c.cache) for c in calls], rows)
+        cache_only = all(c.cache_only for c in calls)
         out = self._blocks_and_head(
-            tokens, e0, e_head, rotations, lambda i: [p[i] for p in prompts], rows, cache, key_rows
+            tokens, e0, e_head, rotations, lambda i: [p[i] for p in prompts], rows, cache, key_rows, cache_only
         )
+        if out is None:
+            return [None] * len(calls)
         return [self._unpatchify(part, grid).float() for part, grid in zip(out.split(rows, 1), grids, strict=True)]
 
     def _key_rows(self, calls: list[DiTCall], grids: list[tuple[int, int, int]]) -> list[Tensor] | None:
@@ -472,20 +510,26 @@ class CausalWanDiT(nn.Module):
         values: list[Tensor],
         cache: SelfAttentionCache | None,
         key_rows: Tensor | None = None,
-    ) -> Tensor:
+        cache_only: bool = False,
+    ) -> Tensor | None:
         """The tensor code of one call's forward, its cache begun: patch embedding, blocks, head,
         unpatchify. No Python state is read but the cache's write and read ranges, so this compiles
-        to one graph (`workers.engine.compiled`).
+        to one graph (`workers.engine.compiled`), one per value of `cache_only`.
 
         x [B, F, C, h, w]; e0 [B, F', 6, dim] and e_head [B, F', 1, dim] the time modulations of its
         F' patched frames (float32); rotations its tokens' RoPE; keys / values the prompt's
         cross-attention K/V of every layer; key_rows those of a DiT with a keyboard branch. Returns
-        the flow [B, F, C, h, w] in float32.
+        the flow [B, F, C, h, w] in float32; with `cache_only` (a context pass) None: the last
+        block stops once its K/V are stored (`_blocks_and_head`).
         """
         tokens = self._embed_patches(x)
         rows = [tokens.shape[1]]
         held = None if key_rows is None else [key_rows]
-        out = self._blocks_and_head(tokens, e0, e_head, rotations, lambda i: [(keys[i], values[i])], rows, cache, held)
+        out = self._blocks_and_head(
+            tokens, e0, e_head, rotations, lambda i: [(keys[i], values[i])], rows, cache, held, cache_only
+        )
+        if out is None:
+            return None
         pt, ph, pw = self.config.patch_size
         return self._unpatchify(out, (x.shape[1] // pt, x.shape[3] // ph, x.shape[4] // pw)).float()
 
@@ -497,7 +541,7 @@ class CausalWanDiT(nn.Module):
         rotations: Tensor,
         grid: tuple[int, int, int],
         begun: bool,
-    ) -> Tensor:
+    ) -> Tensor | None:
         """`denoise_step` on this rank's shard of the tokens; the ranks talk in attention and the gather."""
         assert self.parallel is not None
         if self.config.action is not None:
@@ -508,9 +552,20 @@ class CausalWanDiT(nn.Module):
             cache.begin(call.start_frame, grid[0])
         prompt = call.prompt
         rows = [tokens.shape[1]]
+        # Every rank runs the same calls, so all of them skip the last block's collectives alike.
         out = self._blocks_and_head(
-            tokens, e0, e_head, rotations, lambda i: [(prompt.keys[i], prompt.values[i])], rows, cache
+            tokens,
+            e0,
+            e_head,
+            rotations,
+            lambda i: [(prompt.keys[i], prompt.values[i])],
+            rows,
+            cache,
+            None,
+            call.cache_only,
         )
+        if out is None:
+            return None
         return self._unpatchify(self.parallel.gather(out, grid[0]), grid).float()
 
     def _embed_patches(self, x: Tensor) -> Tensor:
@@ -528,11 +583,25 @@ class CausalWanDiT(nn.Module):
         rows: list[int],
         cache: SelfAttentionCache | None,
         key_rows: list[Tensor] | None = None,
-    ) -> Tensor:
+        cache_only: bool = False,
+    ) -> Tensor | None:
         """The attention blocks and the head over token rows `rows[i]` of each call; `prompts(layer)`
-        gives each call's cross-attention K/V of that layer, `key_rows[i]` its keys held."""
-        for i, block in enumerate(self.blocks):
+        gives each call's cross-attention K/V of that layer, `key_rows[i]` its keys held.
+
+        `cache_only`: the calls are context passes, whose flow nobody reads. The last block's K/V
+        depend on the tokens entering it alone, so it stores them and stops there (None): its
+        attention, cross-attention and FFN, and the head, are skipped. The cache holds the bits a
+        full forward would have written.
+        """
+        blocks = [cast(AttentionBlock, block) for block in self.blocks]
+        last = len(blocks) - 1 if cache_only else len(blocks)
+        for i, block in enumerate(blocks[:last]):
             tokens = block(tokens, e0, rotations, i, prompts(i), rows, cache, self.backend, key_rows)
+        if cache_only:
+            if cache is None:
+                raise ValueError("a cache-only forward needs a cache to write")
+            blocks[last].store_kv(tokens, e0, rotations, last, cache)
+            return None
         return cast(Tensor, self.head(tokens, e_head))
 
     def _time_embedding(self, timesteps: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
