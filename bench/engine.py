@@ -4,6 +4,7 @@ Both caches run through the same block loop and the same DiT in one process, int
 ratio is measured side by side. Random weights; no checkpoint needed.
 
     python bench/engine.py                                  # mid-size CPU config
+    python bench/engine.py --context-passes cache-only,whole   # context passes stopping at the last K/V vs whole
     python bench/engine.py --device cuda --preset wan2.1-1.3b --dtype bf16   # real 480x832 shapes
     python bench/engine.py --device cuda --preset magi1-4.5b-distill --dtype bf16   # MAGI-1: bench/magi.py
 """
@@ -29,12 +30,15 @@ from inferix.spec.sampling import BlockConfig, SamplingConfig
 from workers.engine.compiled import compile_dit, warm_up_cache
 from workers.engine.flow_match import FlowMatchSchedule
 from workers.engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, SelfAttentionCache
-from workers.engine.models.wan.dit import CausalWanDiT
+from workers.engine.models.wan.dit import CausalWanDiT, DiTCall
 from workers.engine.noise import SeededNoise
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("eager", "compiled")
 CACHES = ("paged", "contiguous")
+# How a block's context pass runs: as the pipeline does (it stops once the last layer's K/V are
+# stored), or whole, its flow thrown away (as the reference code does).
+CONTEXT_PASSES = {"cache-only": "context_pass", "whole": "denoise_step"}
 
 
 def _names(allowed: Iterable[str]) -> Callable[[str], list[str]]:
@@ -65,6 +69,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--modes", type=_names(MODES), default=["eager"], help="comma list of: eager, compiled")
     p.add_argument("--caches", type=_names(CACHES), default=list(CACHES), help="comma list of: paged, contiguous")
+    p.add_argument(
+        "--context-passes",
+        type=_names(CONTEXT_PASSES),
+        default=["cache-only"],
+        help="comma list of: cache-only (the engine's: stops at the last K/V), whole (the reference's)",
+    )
     p.add_argument("--dim", type=int, default=384)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=6)
@@ -100,7 +110,11 @@ def sync(device: torch.device) -> None:
 
 
 def run_session(
-    dit: CausalWanDiT, cache: SelfAttentionCache, args: argparse.Namespace, shape: tuple[int, ...]
+    dit: CausalWanDiT,
+    cache: SelfAttentionCache,
+    args: argparse.Namespace,
+    shape: tuple[int, ...],
+    context_pass: str = "cache-only",
 ) -> list[tuple[float, float]]:
     """The block loop of the pipeline; returns (denoise seconds, context-pass seconds) per block."""
     device = dit.patch_embedding.weight.device
@@ -123,7 +137,8 @@ def run_session(
                 x = schedule.add_noise(x0, noise.renoise(block, i, shape).to(device), t_next)
         sync(device)
         t1 = time.perf_counter()
-        dit(x0, torch.zeros(1, nf, device=device), prompt, cache, block * nf)
+        zero = torch.zeros(1, nf, device=device)
+        dit.forward_batch([DiTCall(x0, zero, prompt, cache, block * nf, kind=CONTEXT_PASSES[context_pass])])
         sync(device)
         times.append((t1 - t0, time.perf_counter() - t1))
     return times
@@ -140,19 +155,26 @@ def run_magi(args: argparse.Namespace) -> None:
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of running the same block loop: weights' dtype, eager or compiled, which KV cache."""
+    """One way of running the same block loop: weights' dtype, eager or compiled, which KV cache,
+    and how its context passes run."""
 
     dtype: str
     mode: str
     cache: str
+    context: str = "cache-only"
 
     @property
     def name(self) -> str:
-        return f"{self.dtype} {self.mode} {self.cache}"
+        suffix = "" if self.context == "cache-only" else f" {self.context}-ctx"
+        return f"{self.dtype} {self.mode} {self.cache}{suffix}"
+
+
+PHASES = ("fill", "rolling", "rolling context")
 
 
 def phase_means(runs: list[list[tuple[float, float]]], fill_blocks: int) -> dict[str, float]:
-    """Median over repeats of the mean block time (denoise + context pass) of each phase.
+    """Median over repeats of the mean block time (denoise + context pass) of each phase, and of
+    the mean context pass alone in the rolling phase ("rolling context").
 
     The fill phase is the blocks whose frames still fit the window (block 0, with no context yet,
     included); the rolling phase the blocks that evict frames.
@@ -163,6 +185,8 @@ def phase_means(runs: list[list[tuple[float, float]]], fill_blocks: int) -> dict
         means = [statistics.mean(d + c for d, c in run[blocks]) for run in runs if run[blocks]]
         if means:
             out[phase] = statistics.median(means)
+        if phase == "rolling" and means:
+            out["rolling context"] = statistics.median(statistics.mean(c for _, c in run[blocks]) for run in runs)
     return out
 
 
@@ -218,7 +242,9 @@ def main() -> None:
         return cache, lambda: cache.nbytes
 
     factories = {"paged": paged, "contiguous": contiguous}
-    variants = [Variant(d, m, c) for d in args.dtypes for m in args.modes for c in args.caches]
+    variants = [
+        Variant(d, m, c, x) for d in args.dtypes for m in args.modes for c in args.caches for x in args.context_passes
+    ]
     print(
         f"DiT dim={config.dim} layers={config.num_layers} heads={config.num_heads} | latent {lat_h}x{lat_w} "
         f"({tokens} tokens/frame) | {args.blocks} blocks x {nf} frames ({fill_blocks} filling the window) | "
@@ -233,29 +259,34 @@ def main() -> None:
                 block = BlockConfig(nf, args.window if windowed else -1, args.sink if windowed else 0)
                 warm = warm_up_cache(runner, factories[variant.cache](DTYPES[variant.dtype])[0], block, lat_h, lat_w)
                 print(f"{variant.name}: compiled {warm.graphs} graph(s) in {warm.seconds:.0f} s")
-            run_session(runner, factories[variant.cache](DTYPES[variant.dtype])[0], replace_blocks(args, 1), shape)
+            cache = factories[variant.cache](DTYPES[variant.dtype])[0]
+            run_session(runner, cache, replace_blocks(args, 1), shape, variant.context)
         for _ in range(args.repeats):
             for variant in variants:
                 cache, kv_size = factories[variant.cache](DTYPES[variant.dtype])
-                results[variant].append(run_session(runners[variant.dtype, variant.mode], cache, args, shape))
+                runner = runners[variant.dtype, variant.mode]
+                results[variant].append(run_session(runner, cache, args, shape, variant.context))
                 kv_bytes[variant] = kv_size()
 
     figures = {v: phase_means(results[v], fill_blocks) for v in variants}
-    print(f"{'variant':<26}{'fill ms/block':>14}{'rolling ms/block':>18}{'KV MiB/session':>16}")
+    print(f"{'variant':<36}{'fill ms/block':>14}{'rolling ms/block':>18}{'of it context':>15}{'KV MiB/session':>16}")
     for v in variants:
-        fill, rolling = (f"{figures[v][p] * 1e3:.1f}" if p in figures[v] else "-" for p in ("fill", "rolling"))
-        print(f"{v.name:<26}{fill:>14}{rolling:>18}{kv_bytes[v] / 2**20:>16.2f}")
+        fill, rolling, context = (f"{figures[v][p] * 1e3:.1f}" if p in figures[v] else "-" for p in PHASES)
+        print(f"{v.name:<36}{fill:>14}{rolling:>18}{context:>15}{kv_bytes[v] / 2**20:>16.2f}")
 
     ratios: dict[str, float] = {}
 
     def ratio(label: str, num: Variant, den: Variant) -> None:
-        for phase in ("fill", "rolling"):
+        for phase in PHASES:
             if num in figures and den in figures and phase in figures[num] and phase in figures[den]:
                 ratios[f"{label} ({phase})"] = figures[num][phase] / figures[den][phase]
 
     for d in args.dtypes:
         for m in args.modes:
             ratio(f"paged/contiguous {d} {m}", Variant(d, m, "paged"), Variant(d, m, "contiguous"))
+            for c in args.caches:
+                whole = Variant(d, m, c, "whole")
+                ratio(f"cache-only/whole context pass {d} {m} {c}", Variant(d, m, c), whole)
     base_dtype, base_mode = args.dtypes[0], args.modes[0]
     for m in args.modes:
         for d in args.dtypes[1:]:
@@ -264,7 +295,7 @@ def main() -> None:
         for m in args.modes[1:]:
             ratio(f"{m} speed-up over {base_mode} {d} paged", Variant(d, base_mode, "paged"), Variant(d, m, "paged"))
     for label, value in ratios.items():
-        print(f"{label:<52}{value:.3f}x")
+        print(f"{label:<72}{value:.3f}x")
     if args.json:
         out = {
             "args": {k: str(v) for k, v in vars(args).items()},

@@ -10,9 +10,10 @@ all-to-alls, the paged KV shard, the Ring hops and all-to-alls -- once, at the r
 plus the output gather, with every collective wrapped by the byte counter. Two things are not
 run for real: the attention math is replaced by a kernel that returns zeros (the bytes moved do
 not depend on the values, and the real fp32 math at these sizes takes minutes on a shared CPU),
-and only one layer and one forward are issued; the per-block figure is that layer's bytes x
-num_layers x forwards_per_block (denoising steps + context pass) + the gather x forwards.
-Every layer and forward issues the same collectives -- the multi-rank tests check the complete
+and only one layer and one forward are issued, with the store-only layer that ends a context
+pass; the per-block figure is that layer's bytes x (num_layers x forwards_per_block - 1) + the
+store-only layer + the gather x denoising steps (a context pass gathers no output). Every other
+layer and forward issues the same collectives -- the multi-rank tests check the complete
 per-block count against the cost model on whole tiny models. Timings on CPU loopback say nothing
 about NVLink, so only bytes are reported, with the cost model's predicted time on its link model.
 """
@@ -108,11 +109,15 @@ def measure_rank(rank: int, world: int, port: int, out: Path, context_frames: in
             layer = dict(counter.bytes_sent)
             layer_ops = counter.total_operations
             counter.reset()
+            attention.store(0, k, v)  # the context pass's last layer
+            stored, stored_ops = dict(counter.bytes_sent), counter.total_operations
+            counter.reset()
             parallel.gather(torch.zeros(1, local, shape.out_channels, dtype=DTYPE), shape.frames_per_block)
             gather, gather_ops = counter.bytes_sent["gather"], counter.total_operations
-            forwards, layers = shape.forwards_per_block, shape.num_layers * shape.forwards_per_block
-            phases = {phase: n * layers for phase, n in layer.items()} | {"gather": gather * forwards}
-            operations = layer_ops * layers + gather_ops * forwards
+            steps, layers = shape.forwards_per_block - 1, shape.num_layers * shape.forwards_per_block - 1
+            phases = {phase: n * layers + stored.get(phase, 0) for phase, n in layer.items()}
+            phases["gather"] = gather * steps
+            operations = layer_ops * layers + stored_ops + gather_ops * steps
             results.append(Measured(model, world, plan.name, sum(phases.values()), phases, operations))
             del cache, attention, parallel
     dist.destroy_process_group()
