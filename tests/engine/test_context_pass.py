@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import pytest
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit
-from workers.engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, SelfAttentionCache
-from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV, DiTCall
+from workers.engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, PagedSessionCache, SelfAttentionCache
+from workers.engine.models.wan.dit import AttentionBlock, CausalWanDiT, CrossAttentionKV, DiTCall
 
 TOKENS = TINY_DIT.tokens_per_frame(LATENT_H, LATENT_W)
 FRAMES, WINDOW, SINK, BLOCKS = 2, 5, 1, 5  # blocks 0-1 fill the window, 2-4 roll it
@@ -40,7 +41,8 @@ def contiguous() -> SelfAttentionCache:
 def cached(cache: SelfAttentionCache, layer: int) -> tuple[Tensor, Tensor]:
     if isinstance(cache, ContiguousKVCache):
         return cache.k[layer].clone(), cache.v[layer].clone()
-    return cache.layer_kv(layer)  # type: ignore[attr-defined, no-any-return]
+    assert isinstance(cache, PagedSessionCache)
+    return cache.layer_kv(layer)
 
 
 def assert_same_caches(ours: SelfAttentionCache, theirs: SelfAttentionCache) -> None:
@@ -65,7 +67,7 @@ def block_calls(
 
 @pytest.mark.parametrize(
     "new_cache",
-    [paged(), paged("int8"), lambda: contiguous()],
+    [paged(), paged("int8"), contiguous],
     ids=["paged", "paged int8", "contiguous"],
 )
 def test_a_context_pass_writes_the_k_v_of_a_full_forward(new_cache: Callable[[], SelfAttentionCache]) -> None:
@@ -86,9 +88,10 @@ def test_a_context_pass_skips_the_last_block_and_the_head() -> None:
     dit = tiny_dit()
     text = dit.encode_prompt(prompt(0))
     ran: list[str] = []
-    last = dit.blocks[-1]
-    for name, module in {"last attention": last.self_attn, "last FFN": last.ffn, "head": dit.head}.items():
-        module.register_forward_hook(lambda *_, name=name: ran.append(name))  # type: ignore[misc]
+    last = cast(AttentionBlock, dit.blocks[-1])
+    modules: dict[str, nn.Module] = {"last attention": last.self_attn, "last FFN": last.ffn, "head": dit.head}
+    for name, module in modules.items():
+        module.register_forward_hook(lambda *_, name=name: ran.append(name))
     cache = paged()()
     step, context = block_calls(dit, text, cache, 0, "context_pass")
     with torch.no_grad():
