@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     cases = find_cases(args.directory, device, dtype)
     reference_setting = device.type == "cpu" and dtype == torch.float32
     for case in cases:
-        magi, matrixgame = is_magi_case(case.folder), is_matrixgame_case(case.folder)
+        magi, matrixgame = is_magi_case(case), is_matrixgame_case(case)
         family = "MAGI-1" if magi else "Matrix-Game 2.0" if matrixgame else None
         if family is not None and not reference_setting:
             why = f"{family} cases run on the CPU in fp32 (as the reference)"

@@ -110,25 +110,20 @@ class GoldenCase:
         return dit.to(device=self.device, dtype=self.dtype).eval()
 
 
-def _config(folder: Path) -> dict[str, Any]:
-    path = folder / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+def is_magi_case(case: GoldenCase) -> bool:
+    """A MAGI-1 golden case (its folder is read by `magi_golden`)."""
+    return "magi_config" in case.config
 
 
-def is_magi_case(folder: Path) -> bool:
-    """A MAGI-1 golden folder (read by `magi_golden`)."""
-    return "magi_config" in _config(folder)
-
-
-def is_matrixgame_case(folder: Path) -> bool:
-    """A Matrix-Game 2.0 golden folder (read by `matrixgame_golden`)."""
-    return "action_config" in _config(folder).get("dit_config_json", {})
+def is_matrixgame_case(case: GoldenCase) -> bool:
+    """A Matrix-Game 2.0 golden case (its folder is read by `matrixgame_golden`)."""
+    return "action_config" in case.config.get("dit_config_json", {})
 
 
 def is_wan_case(case: GoldenCase) -> bool:
     """Whether the case is a Wan text-to-video one (Self Forcing, CausVid), the layout `GoldenCase`
     reads; MAGI-1 and Matrix-Game folders have layouts of their own."""
-    return not is_magi_case(case.folder) and not is_matrixgame_case(case.folder)
+    return not is_magi_case(case) and not is_matrixgame_case(case)
 
 
 def find_cases(root: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[GoldenCase]:
