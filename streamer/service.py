@@ -30,6 +30,7 @@ from streamer.errors import (
     StreamerError,
     StreamStartsMidway,
 )
+from streamer.finished import FinishedRecording, load_finished
 from streamer.ingest import Admission, IngestState, first_frame_format
 from streamer.link import LinkHub
 from streamer.live import LiveConfig, LiveRegistry
@@ -93,7 +94,8 @@ async def _abort(context: grpc.aio.ServicerContext, error: StreamerError, suffix
 
 
 class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
-    """Frame ingest, encode and recordings for many concurrent sessions (state is in memory)."""
+    """Frame ingest, encode and recordings for many concurrent sessions. Sessions are held in memory;
+    a finished one is also answered for from its manifest on disk after a restart (`streamer.finished`)."""
 
     def __init__(self, config: StreamerConfig, link: LinkHub) -> None:
         self.config = config
@@ -109,18 +111,24 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
 
     def recording(self, session_id: str) -> Path:
         """A finished session's MP4 (`SessionNotFound`, `RecordingNotReady`, `EncoderFailed` otherwise)."""
-        return self._session(session_id).recording()
+        session = self._session(session_id)
+        return session.path if isinstance(session, FinishedRecording) else session.recording()
 
-    def _session(self, session_id: str) -> StreamSession:
+    def _session(self, session_id: str) -> StreamSession | FinishedRecording:
+        """The session this process holds, else a recording a previous streamer process finished."""
         session = self._sessions.get(session_id)
-        if session is None:
-            raise SessionNotFound(f"no session {session_id!r}: no frame was pushed for it")
-        return session
+        if session is not None:
+            return session
+        return load_finished(self.config.data_dir, session_id)
 
-    def _session_for(self, frame: streamer_pb2.VideoFrame) -> StreamSession:
+    def _session_for(self, frame: streamer_pb2.VideoFrame) -> StreamSession | FinishedRecording:
         """The frame's session; its first frame opens it (no await here: two pushes cannot both open it)."""
         session = self._sessions.get(frame.session_id)
         if session is None:
+            try:  # finished before a restart: re-sent frames are duplicates, new ones refused
+                return load_finished(self.config.data_dir, frame.session_id)
+            except SessionNotFound:
+                pass
             ingest = IngestState(frame.session_id, first_frame_format(frame))
             live = self.live.get_or_create(frame.session_id)
             config = self.config
@@ -141,7 +149,11 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
         async for request in request_iterator:
             frame = request.frame
             try:
-                admission = await self._session_for(frame).push(frame)
+                session = self._session_for(frame)
+                if isinstance(session, FinishedRecording):
+                    admission = session.admit(frame)
+                else:
+                    admission = await session.push(frame)
             except StreamerError as error:
                 FRAMES_REJECTED.labels(_reason(error)).inc()
                 suffix = f" [this call accepted {accepted} and skipped {duplicates} frames before it; they are kept]"
@@ -155,9 +167,11 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
                 FRAMES_DUPLICATE.inc()
         return streamer_pb2.PushFramesResponse(accepted=accepted, duplicates=duplicates)
 
-    async def _finish(self, session: StreamSession) -> int:
+    async def _finish(self, session: StreamSession | FinishedRecording, persist: bool = True) -> int:
+        if isinstance(session, FinishedRecording):
+            return session.manifest.frames  # a FinishStream repeated after a restart
         was_finalized = session.finalized
-        frames = await session.finish()
+        frames = await session.finish(persist)
         if not was_finalized:
             log.info("session %s finished: %d frames -> %s", session.session_id, frames, session.recorder.path)
         return frames
@@ -178,6 +192,19 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             session = self._session(request.session_id)
         except StreamerError as error:
             await _abort(context, error)
+        if isinstance(session, FinishedRecording):
+            manifest = session.manifest
+            live = self.live.get(session.session_id)  # its live outputs ended with the previous process
+            return streamer_pb2.GetStreamInfoResponse(
+                session_id=manifest.session_id,
+                frames=manifest.frames,
+                width=manifest.width,
+                height=manifest.height,
+                fps=manifest.fps,
+                finished=True,
+                frames_sha256=manifest.frames_sha256,
+                live=live.to_proto() if live is not None else streamer_pb2.LiveStats(),
+            )
         fmt = session.ingest.format
         return streamer_pb2.GetStreamInfoResponse(
             session_id=session.session_id,
@@ -208,13 +235,14 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             yield event
 
     async def drain(self) -> None:
-        """On shutdown: stop the live outputs now, then finalize every open session's MP4."""
+        """On shutdown: stop the live outputs now, then finalize every open session's MP4. No manifest:
+        those sessions did not end, their workers re-send them to the next streamer, which records them whole."""
         self.link.close()
         await self.live.shutdown()
         open_sessions = [session for session in self._sessions.values() if not session.finalized]
         if open_sessions:
             log.info("finalizing %d open session(s) before exit", len(open_sessions))
-        results = await asyncio.gather(*(self._finish(s) for s in open_sessions), return_exceptions=True)
+        results = await asyncio.gather(*(self._finish(s, persist=False) for s in open_sessions), return_exceptions=True)
         for session, result in zip(open_sessions, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("session %s could not be finalized: %s", session.session_id, result)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,10 +17,13 @@ from opentelemetry import context as otel_context
 
 from inferix.api.v1 import streamer_pb2
 from streamer.errors import EncoderFailed, RecordingNotReady
+from streamer.finished import MANIFEST_VERSION, Manifest, write_manifest
 from streamer.ingest import Admission, IngestState
 from streamer.live import LiveSession
 from streamer.sinks import Mp4Recorder
 from streamer.stream import EncodedStream, RawFrame
+
+log = logging.getLogger("inferix.streamer")
 
 
 @dataclass
@@ -79,13 +83,40 @@ class StreamSession:
                 self.frames_digest.update(frame.data)
             return admission
 
-    async def finish(self) -> int:
-        """End the video: encode what is queued, flush, finalize the MP4. Returns the frame count."""
+    async def finish(self, persist: bool = True) -> int:
+        """End the video: encode what is queued, flush, finalize the MP4. Returns the frame count.
+        `persist`: also write its manifest, so that a restarted streamer serves it (FinishStream's;
+        not a shutdown's, which cuts a session short)."""
         async with self._lock:
             self.ingest.finished = True  # from here on only re-sent frames are accepted
             await self.stream.close()
+            if persist and not self.finalized:
+                await self._persist()
             self.finalized = True
             return self.ingest.next_index
+
+    async def _persist(self) -> None:
+        """Write the manifest that lets a restarted streamer serve this recording (`streamer.finished`).
+        A failure only costs that: this process still serves it, so it is logged, not raised."""
+        path = self.recorder.path
+        if self.recorder.name in self.stream.sink_errors or not path.exists():
+            return
+        fmt = self.ingest.format
+        manifest = Manifest(
+            MANIFEST_VERSION,
+            self.session_id,
+            self.ingest.next_index,
+            fmt.width,
+            fmt.height,
+            fmt.fps,
+            self.frames_digest.hexdigest(),
+            path.stat().st_size,
+        )
+        try:
+            await asyncio.to_thread(write_manifest, path.parent, manifest)
+        except OSError as exc:
+            log.error("session %s: cannot write the manifest of %s (%s): a restarted streamer will not serve it",
+                      self.session_id, path, exc)  # fmt: skip
 
     def recording(self) -> Path:
         """The finished MP4; raises if the session is still open or its recording failed."""
