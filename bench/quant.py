@@ -146,17 +146,9 @@ def meta_dit(config: WanDiTConfig, mode: str) -> nn.Module:
 def golden_flow(case: GoldenCase, dit: CausalWanDiT, kv: str) -> Tensor:
     """The flow of the case's second stand-alone DiT call (after the first, on a fresh cache)."""
     data = case.tensors("dit_forward")
-    config = case.pipeline_config()
-    block = config.block
     _, frames, _, h, w = data["dit_fwd_in0"].shape
-    pipeline = BlockDiffusionPipeline(dit, config)
-    pool = KVPool(pipeline.pool_spec(h, w, 2 * frames, kv))
-    cache = pool.open_session(
-        "golden",
-        pipeline.cache_layout(h, w)[1],
-        window_frames=None if block.is_global else block.local_attn_size,
-        sink_frames=block.sink_size,
-    )
+    pipeline = BlockDiffusionPipeline(dit, case.pipeline_config(), kv_dtype=kv)
+    cache = pipeline.open_cache(None, "golden", h, w, frames=2 * frames)
     prompt = dit.encode_prompt(case.tensors("inputs")["prompt_embeds"])
     with torch.no_grad():
         dit(data["dit_fwd_in0"], data["dit_fwd_t0"], prompt, cache, start_frame=0)

@@ -93,9 +93,12 @@ def run(args: argparse.Namespace) -> int:
                     "tolerance": comparison.tolerance,
                     "passed": comparison.passed,
                 }
+                if comparison.error is not None:
+                    record["error"] = comparison.error
                 print(json.dumps(record))
             else:
                 status = "ok  " if comparison.passed else "FAIL"
-                print(f"{status} {comparison.case:<28} {comparison.name:<36} {comparison.max_abs_diff:.3e}")
+                verdict = comparison.error or f"{comparison.max_abs_diff:.3e}"
+                print(f"{status} {comparison.case:<28} {comparison.name:<36} {verdict}")
     print(f"{total - failed} passed, {failed} failed", file=sys.stderr if args.json else sys.stdout)
     return 1 if failed else 0

@@ -80,4 +80,41 @@ def test_cpu_fp32_only_cases_are_skipped_in_a_folder_and_refused_alone(
 def test_the_wan_cases_are_told_from_the_other_families() -> None:
     """Benches that read Wan cases (bench/precision.py, bench/vae.py) broke once a Matrix-Game case landed."""
     wan = [case.name for case in find_cases(GOLDEN_DIR) if is_wan_case(case)]
-    assert wan == ["causvid_tiny", "selfforcing_tiny_global", "selfforcing_tiny_rolling"]
+    assert wan == ["causvid_tiny", "longlive_tiny", "selfforcing_tiny_global", "selfforcing_tiny_rolling"]
+
+
+def test_a_window_longer_than_the_stand_alone_calls_is_verified(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Regression: the stand-alone DiT check sized its pool for its two calls, not for the window the
+    session takes at its first block, and crashed. The shared rolling case with its window widened
+    beyond two blocks: its two calls never reach the window, so the recorded flows still hold."""
+    case = tmp_path / "rolling_wide"
+    case.mkdir()
+    for name in ("dit", "dit_forward", "inputs", "scheduler"):
+        shutil.copy(GOLDEN_DIR / "selfforcing_tiny_rolling" / f"{name}.safetensors", case)
+    config = json.loads((GOLDEN_DIR / "selfforcing_tiny_rolling" / "config.json").read_text())
+    frames = config["pipeline"]["num_frame_per_block"]
+    config["pipeline"]["local_attn_size"] = 3 * frames
+    (case / "config.json").write_text(json.dumps(config))
+    assert main(["verify-golden", str(case), "--json"]) == 0
+    names = {json.loads(line)["tensor"] for line in capsys.readouterr().out.splitlines()}
+    assert {"dit_forward.flow0", "dit_forward.flow1", "dit_forward.x0_1"} <= names
+
+
+def test_a_check_that_cannot_run_fails_with_its_reason_and_the_others_still_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    case = tmp_path / "broken_dit"
+    shutil.copytree(GOLDEN_DIR / "selfforcing_tiny_rolling", case)
+    dit = load_file(str(case / "dit.safetensors"))
+    del dit["head.head.weight"]
+    save_file(dit, str(case / "dit.safetensors"))
+    assert main(["verify-golden", str(case)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    failing = [line for line in lines if line.startswith("FAIL")]
+    # The three checks that build the DiT fail once each, with the loader's reason, not a traceback.
+    assert len(failing) == 3
+    assert all("could not run" in line and "head.head.weight" in line for line in failing)
+    passing = {line.split()[2] for line in lines if line.startswith("ok")}
+    assert {"scheduler.sigmas", "text_encoder.embeds", "vae.streaming.first_block"} <= passing

@@ -146,6 +146,16 @@ def test_capacity_errors_leave_every_session_intact() -> None:
     assert cached_frames(a) == [0, 1, 2]
 
 
+def test_a_pool_smaller_than_one_window_is_refused_when_the_session_opens() -> None:
+    """A windowed session takes its whole ring at its first block: a pool that cannot ever hold it
+    is refused at open, with the pages the window needs, not deep inside the first forward."""
+    pool = make_pool(pages=6)
+    with pytest.raises(KVCapacityError, match=r"window of 9 latent frames, 9 KV page\(s\).*6 page\(s\) in all"):
+        pool.open_session("w", TOKENS, window_frames=9, sink_frames=3)
+    assert pool.session_ids() == []
+    pool.open_session("fits", TOKENS, window_frames=6, sink_frames=3)
+
+
 def test_host_tier_capacity_is_enforced() -> None:
     pool = make_pool(host_pages=2)
     cache = pool.open_session("s", TOKENS)

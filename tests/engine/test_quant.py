@@ -20,7 +20,6 @@ from inferix.errors import CheckpointError, UserError
 from inferix.spec.presets import load_preset
 from tests.conftest import GOLDEN_DIR
 from workers.engine.golden import GoldenCase
-from workers.engine.kv import KVPool
 from workers.engine.model_dir import TOYWORLD_WEIGHTS, load_model
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.pipeline import BlockDiffusionPipeline
@@ -58,14 +57,7 @@ def golden_forward(case: GoldenCase, dit: CausalWanDiT) -> list[Tensor]:
     data = case.tensors("dit_forward")
     prompt = dit.encode_prompt(case.tensors("inputs")["prompt_embeds"])
     _, frames, _, h, w = data["dit_fwd_in0"].shape
-    pipeline = BlockDiffusionPipeline(dit, config)
-    block = config.block
-    cache = KVPool(pipeline.pool_spec(h, w, 2 * frames)).open_session(
-        "q",
-        pipeline.cache_layout(h, w)[1],
-        window_frames=None if block.is_global else block.local_attn_size,
-        sink_frames=block.sink_size,
-    )
+    cache = BlockDiffusionPipeline(dit, config).open_cache(None, "q", h, w, frames=2 * frames)
     with torch.no_grad():
         return [
             dit(data[f"dit_fwd_in{i}"], data[f"dit_fwd_t{i}"], prompt, cache, start_frame=i * frames) for i in (0, 1)

@@ -15,6 +15,7 @@ an integer boundary (truncation).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from torch import Tensor
 from inferix.spec.magi import MagiSampling
 from workers.engine.checkpoint import load_into
 from workers.engine.chunk_pipeline import CallRecord, ChunkPipeline, RecordedChunkNoise
-from workers.engine.golden import CaseFolder, is_magi_case
+from workers.engine.golden import CaseFolder, is_magi_case, run_checks
 from workers.engine.golden import Comparison as Result
 from workers.engine.golden import max_abs_diff as _diff
 from workers.engine.models.magi.captions import caption_rows, load_special_tokens, null_rows, valid_rows
@@ -292,7 +293,4 @@ CHECKS: tuple[Callable[[MagiCase], list[Result]], ...] = (
 def verify_magi_case(folder: Path) -> list[Result]:
     torch.manual_seed(0)
     case = MagiCase(folder)
-    results: list[Result] = []
-    for check in CHECKS:
-        results.extend(check(case))
-    return results
+    return run_checks(case.name, ((check.__name__, partial(check, case)) for check in CHECKS))

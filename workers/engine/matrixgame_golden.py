@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ from torch import Tensor
 from inferix.spec.architectures import WanVAEConfig
 from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
 from workers.engine.flow_match import FlowMatchSchedule
-from workers.engine.golden import CaseFolder, Comparison, is_matrixgame_case
+from workers.engine.golden import CaseFolder, Comparison, is_matrixgame_case, run_checks
 from workers.engine.golden import max_abs_diff as _diff
 from workers.engine.models.matrixgame.action import ActionInputs, ActionRope
 from workers.engine.models.matrixgame.clip import CLIPVisionConfig, CLIPVisionEncoder
@@ -298,8 +299,5 @@ CHECKS: tuple[Callable[[MatrixGameCase, float], list[Comparison]], ...] = (
 
 def verify_matrixgame_case(folder: Path, tolerance: float) -> list[Comparison]:
     case = MatrixGameCase(folder)
-    results: list[Comparison] = []
     with torch.no_grad():
-        for check in CHECKS:
-            results.extend(check(case, tolerance))
-    return results
+        return run_checks(case.name, ((check.__name__, partial(check, case, tolerance)) for check in CHECKS))

@@ -141,6 +141,22 @@ class BlockDiffusionPipeline:
             kv_dtype=kv_dtype,
         )
 
+    def open_cache(
+        self, pool: KVPool | None, session_id: str, latent_height: int, latent_width: int, frames: int = 0
+    ) -> PagedSessionCache:
+        """A page table shaped as this pipeline's sessions use it (window, sink), in `pool`, or
+        (without one) in a pool of its own with room for `frames` frames and at least one window."""
+        block = self.config.block
+        window = None if block.is_global else block.local_attn_size
+        if pool is None:
+            pool = KVPool(self.pool_spec(latent_height, latent_width, max(frames, window or 0), self.kv_dtype))
+        return pool.open_session(
+            session_id,
+            self.cache_layout(latent_height, latent_width)[1],
+            window_frames=window,
+            sink_frames=block.sink_size,
+        )
+
     def session_frames(self, num_blocks: int | None) -> int:
         """Latent frames one session keeps in its cache at most (its window, or all its frames)."""
         block = self.config.block
@@ -216,12 +232,7 @@ class GenerationSession:
         self.record_steps = record_steps
         self.pool = pool
         block = self.block_config
-        self.cache: PagedSessionCache = pool.open_session(
-            session_id,
-            pipeline.cache_layout(latent_height, latent_width)[1],
-            window_frames=None if block.is_global else block.local_attn_size,
-            sink_frames=block.sink_size,
-        )
+        self.cache: PagedSessionCache = pipeline.open_cache(pool, session_id, latent_height, latent_width)
         self.rebase_rule = rope_rebase(self.dit.rope.max_positions, block)  # None: global, bounded by the table
         self.prompt_embeds = prompt_embeds
         self.prompt: CrossAttentionKV = self.dit.encode_prompt(prompt_embeds)

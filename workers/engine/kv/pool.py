@@ -210,7 +210,19 @@ class KVPool:
         window_frames: int | None = None,
         sink_frames: int = 0,
     ) -> PagedSessionCache:
-        """Register a session. `window_frames=None` keeps every frame (global attention)."""
+        """Register a session. `window_frames=None` keeps every frame (global attention).
+
+        A windowed session takes its whole ring at its first block, so a pool too small for one
+        ring is refused here, not deep inside the first forward.
+        """
+        if window_frames is not None and tokens_per_frame % self.spec.page_size == 0:
+            need = window_frames * (tokens_per_frame // self.spec.page_size)
+            if need > self.spec.num_pages:
+                raise KVCapacityError(
+                    f"session {session_id!r} has an attention window of {window_frames} latent frames, "
+                    f"{need} KV page(s), but the pool has {self.spec.num_pages} page(s) in all; give the "
+                    f"pool at least {need} pages (e.g. pool_spec(..., frames={window_frames})) or shorten the window"
+                )
         with self._lock:
             if session_id in self._sessions:
                 raise ValueError(f"session {session_id!r} already has a page table in this pool")
