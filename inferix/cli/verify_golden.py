@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from workers.engine.checkpoint import parse_dtype
+    from workers.engine.decoders.taehv_golden import is_taehv_case, verify_taehv_case
     from workers.engine.golden import find_cases, verify_case
     from workers.engine.magi_golden import is_magi_case, verify_magi_case
     from workers.engine.matrixgame_golden import is_matrixgame_case, verify_matrixgame_case
@@ -76,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
                 raise UserError(f"{case.folder}: {why}")
             print(f"skipped {case.name}: {why}", file=sys.stderr)  # a folder of cases: the others still run
             continue
-        if magi:
+        if is_taehv_case(case.config):  # the TAEHV decoder alone: weights file, latents, frames
+            comparisons = verify_taehv_case(case.folder, args.tolerance, device, dtype)
+        elif magi:
             comparisons = verify_magi_case(case.folder)
         elif matrixgame:
             comparisons = verify_matrixgame_case(case.folder, args.tolerance)

@@ -1,0 +1,145 @@
+"""TAEHV: the released layout loads from its tensor shapes, streams per block like the one-shot decode,
+and matches the reference's golden vectors (tests/golden/taew2_1_tiny)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from inferix.errors import CheckpointError
+from workers.engine.decoders.taehv import TAEHVDecoder, TAEHVLayout, load_taehv, random_taehv_state
+from workers.engine.decoders.taehv_framewise import FramewiseDecoder
+from workers.engine.decoders.taehv_golden import verify_taehv_case
+from workers.engine.engine import to_uint8_frames
+
+CASE = Path(__file__).resolve().parents[2] / "golden" / "taew2_1_tiny"
+TOL = 1e-5  # the golden case's tolerance (fp32, different convolution orders)
+
+
+def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def test_the_golden_case_passes_one_shot_every_block_and_the_encoder() -> None:
+    comparisons = verify_taehv_case(CASE, TOL)
+    names = [c.name for c in comparisons]
+    assert names == [
+        "video_parallel",
+        "stream_block0",
+        "stream_block1",
+        "stream_block2",
+        "encoded_parallel",
+        "encoded_sequential",
+    ]
+    assert all(c.passed for c in comparisons), comparisons
+
+
+def test_the_layout_is_read_from_the_shapes_not_the_file_name(tmp_path: Path) -> None:
+    # The golden weights under a misleading name still load as taew2_1 (16 channels, patch 1).
+    misleading = tmp_path / "taew2_2_super.pth"
+    misleading.write_bytes((CASE / "taew2_1.pth").read_bytes())
+    model = load_taehv(misleading)
+    assert model.layout == TAEHVLayout(16, 1, "base", (1, 2, 2), (2, 2, 1))
+    assert sum(p.numel() for p in model.parameters()) == 11315539  # the released taew2_1 count
+
+
+def test_blocks_of_any_size_equal_the_one_shot_and_the_frame_at_a_time_decode() -> None:
+    model = load_taehv(CASE / "taew2_1.pth")
+    framewise = FramewiseDecoder(load_taehv(CASE / "taew2_1.pth", channels_last=False))
+    latents = torch.randn(1, 7, 16, 3, 5, generator=torch.Generator().manual_seed(2))
+    one_shot = model.decode_video(latents)
+    assert one_shot.shape == (1, 1 + 4 * 6, 3, 24, 40)
+    state = model.new_decode_state()
+    blocks = [model.decode_stream(latents[:, a:b], state) for a, b in [(0, 1), (1, 4), (4, 5), (5, 7)]]
+    assert [b.shape[1] for b in blocks] == [1, 12, 4, 8]  # the first latent frame gives one frame
+    assert _max_diff(torch.cat(blocks, 1), one_shot) <= TOL
+    walked = torch.cat([framewise.decode_block(latents[:, :3]), framewise.decode_block(latents[:, 3:])], 1)
+    assert _max_diff(walked, one_shot) <= TOL
+
+
+@pytest.mark.parametrize(
+    ("layout", "gain"),
+    [
+        (TAEHVLayout(48, 2, "base"), 1.0),  # taew2_2: Wan 2.2 5B latents, patch 2
+        (TAEHVLayout(32, 2, "super"), 0.5),  # taehv1_5_super: the larger decoder
+    ],
+)
+def test_other_layouts_round_trip_through_a_safetensors_file(tmp_path: Path, layout: TAEHVLayout, gain: float) -> None:
+    path = tmp_path / "weights.safetensors"  # no layout in the name: it comes from the shapes
+    save_file(random_taehv_state(layout, seed=3, gain=gain), str(path))
+    model = load_taehv(path)
+    assert model.layout == layout
+    latents = torch.randn(1, 4, layout.latent_channels, 3, 4, generator=torch.Generator().manual_seed(1))
+    one_shot = model.decode_video(latents)
+    assert one_shot.shape == (1, 13, 3, 3 * 16, 4 * 16)  # 8x space, then the patch
+    inside = ((one_shot > 0) & (one_shot < 1)).float().mean().item()
+    assert inside > 0.3  # random weights that still exercise the network, not clamped constants
+    state = model.new_decode_state()
+    streamed = torch.cat([model.decode_stream(latents[:, :1], state), model.decode_stream(latents[:, 1:], state)], 1)
+    assert _max_diff(streamed, one_shot) <= TOL
+    walked = FramewiseDecoder(load_taehv(path, channels_last=False)).decode_block(latents)
+    assert _max_diff(walked, one_shot) <= TOL
+    frames = torch.rand(1, 6, 3, 48, 64, generator=torch.Generator().manual_seed(4))
+    assert model.encode_video(frames).shape == (1, 2, layout.latent_channels, 3, 4)  # padded to 8 frames
+
+
+def test_a_truncated_file_is_a_one_line_error_naming_it(tmp_path: Path) -> None:
+    for name in ("taew2_1.pth", "taew2_1.safetensors"):
+        source = tmp_path / f"full_{name}"
+        if name.endswith(".pth"):
+            source.write_bytes((CASE / "taew2_1.pth").read_bytes())
+        else:
+            save_file(random_taehv_state(TAEHVLayout()), str(source))
+        truncated = tmp_path / name
+        truncated.write_bytes(source.read_bytes()[: source.stat().st_size // 2])
+        with pytest.raises(CheckpointError) as error:
+            load_taehv(truncated)
+        message = str(error.value)
+        assert str(truncated) in message and "truncated" in message and "\n" not in message
+
+
+def test_a_file_that_is_not_taehv_says_what_was_expected(tmp_path: Path) -> None:
+    path = tmp_path / "vae.safetensors"
+    save_file({"decoder.conv1.weight": torch.zeros(384, 16, 3, 3, 3)}, str(path))
+    with pytest.raises(CheckpointError, match=r"not TAEHV weights: expected decoder\.1\.weight \[256, latent_channels"):
+        load_taehv(path)
+    state = random_taehv_state(TAEHVLayout())
+    state["decoder.22.weight"] = state["decoder.22.weight"][:, :32].contiguous()
+    save_file(state, str(path))
+    with pytest.raises(CheckpointError, match=r"decoder\.22\.weight is \(3, 32, 3, 3\), expected \[3 \* patch\^2, 64"):
+        load_taehv(path)
+    del state["decoder.22.weight"]
+    state["decoder.22.weight"] = torch.zeros(3, 64, 3, 3, dtype=torch.float16)
+    state["decoder.3.conv.0.weight"] = state["decoder.3.conv.0.weight"][:, :8].contiguous()
+    save_file(state, str(path))
+    with pytest.raises(CheckpointError, match=str(path)) as error:
+        load_taehv(path)
+    assert "decoder.3.conv.0.weight" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_block_decoder_frames_are_the_unit_range_mapped_like_the_wan_vae() -> None:
+    model = load_taehv(CASE / "taew2_1.pth")
+    decoder = TAEHVDecoder(model, CASE / "taew2_1.pth")
+    latents = torch.randn(1, 4, 16, 2, 3, generator=torch.Generator().manual_seed(5))
+    state = decoder.new_decode_state()
+    signed = torch.cat([decoder.decode_block(latents[:, :1], state), decoder.decode_block(latents[:, 1:], state)], 1)
+    assert signed.min() >= -1 and signed.max() <= 1
+    unit = model.decode_video(latents)
+    expected = (unit[0] * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    frames = to_uint8_frames(signed)
+    assert frames.shape == (13, 16, 24, 3)
+    # x*2-1 then *0.5+0.5 is the identity up to one rounding step: at most one level off, rarely.
+    assert np.abs(frames.astype(int) - expected.astype(int)).max() <= 1
+
+
+def test_bf16_decodes_close_to_fp32() -> None:
+    fp32 = load_taehv(CASE / "taew2_1.pth")
+    bf16 = load_taehv(CASE / "taew2_1.pth", dtype=torch.bfloat16)
+    latents = torch.randn(1, 2, 16, 2, 3, generator=torch.Generator().manual_seed(6))
+    out = bf16.decode_video(latents)
+    assert out.dtype == torch.bfloat16
+    assert _max_diff(out, fp32.decode_video(latents)) < 0.1
