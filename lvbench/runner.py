@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +20,8 @@ from typing import Any, Literal
 import grpc
 from tqdm import tqdm
 
-from inferix.client import BlockDone, Client, SessionError, SessionInfo
+from inferix.client import BlockDone, Client, ReconnectPolicy, SessionError, SessionInfo
+from inferix.client.retry import DEFAULT_RETRY_S
 from inferix.errors import UserError
 from lvbench.dataset import VideoAnnotation
 from lvbench.schedule import BlockTiming, VideoPlan, plan_video
@@ -41,6 +43,8 @@ class RunConfig:
     timeout: float = 60.0  # seconds per unary call and per recording download
     skip_existing: bool = False
     progress: bool = True
+    retry_s: float = DEFAULT_RETRY_S  # how long a call waits for a restarting scheduler or streamer
+    on_wait: Callable[[str], None] | None = None  # told once per outage that a call is waiting
 
 
 @dataclass
@@ -157,7 +161,15 @@ def run_benchmark(videos: list[VideoAnnotation], timing: BlockTiming, config: Ru
     previous = _previous_runs(config.out) if config.skip_existing else {}
     runs: list[VideoRun] = []
     with (
-        Client(config.server, api_key=config.api_key, timeout=config.timeout, tls=config.tls, ca=config.ca) as client,
+        Client(
+            config.server,
+            api_key=config.api_key,
+            timeout=config.timeout,
+            tls=config.tls,
+            ca=config.ca,
+            retry=ReconnectPolicy(config.retry_s),
+            on_wait=config.on_wait,
+        ) as client,
         tqdm(total=len(videos), desc="videos", unit="video", disable=not config.progress, file=sys.stderr) as bar,
     ):
         for video in videos:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from inferix.cli.scheduler_address import TLS_EPILOG, add_scheduler_address_arguments
+from inferix.cli.scheduler_address import TLS_EPILOG, add_scheduler_address_arguments, print_waiting, retry_seconds
 from inferix.errors import UserError
 
 _SUMMARY_KEYS = ("vde_linear", "vde_linear_normalized", "vde_log", "vde_log_normalized", "vbench_score")
@@ -140,6 +140,8 @@ def run_command(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         skip_existing=args.skip_existing,
         progress=not args.quiet,
+        retry_s=retry_seconds(args),
+        on_wait=print_waiting,
     )
     runs = run_benchmark(videos, timing, config)
     failed = [r for r in runs if r.status == "failed"]

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from inferix.cli.scheduler_address import TLS_EPILOG, add_scheduler_address_arguments
+from inferix.cli.scheduler_address import TLS_EPILOG, add_scheduler_address_arguments, print_waiting, retry_seconds
 from inferix.errors import UserError
 
 
@@ -113,6 +113,17 @@ def _watch(events: Any) -> int:
 
 
 def _command(client: Any, session_id: str, send: Any) -> int:
+    """Send one command over an Interact stream and wait for its acceptance. Retried only while the
+    scheduler refuses connections: a command that may have reached it is not sent twice."""
+    from inferix.client.retry import retry_call
+
+    def attempt() -> int:
+        return _command_once(client, session_id, send)
+
+    return retry_call(attempt, client.waiting(), idempotent=False)
+
+
+def _command_once(client: Any, session_id: str, send: Any) -> int:
     from inferix.client import CommandAccepted, SessionError
 
     with client.interact(session_id, from_block=1 << 31) as interaction:
@@ -139,11 +150,22 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     import grpc
 
-    from inferix.client import Client, RecordingError, TlsError
+    from inferix.client import Client, ReconnectPolicy, RecordingError, TlsError
     from inferix.spec import parse_prompt_schedule
 
+    retry_s = retry_seconds(args)
+    # `watch` waits longer by default: a scheduler resuming its sessions after a restart takes a while.
+    watch_policy = ReconnectPolicy() if args.retry_s is None else ReconnectPolicy(args.retry_s)
     try:
-        client = Client(args.server, api_key=args.api_key, timeout=args.timeout, tls=args.tls, ca=args.ca)
+        client = Client(
+            args.server,
+            api_key=args.api_key,
+            timeout=args.timeout,
+            tls=args.tls,
+            ca=args.ca,
+            retry=ReconnectPolicy(retry_s),
+            on_wait=print_waiting,
+        )
     except ValueError as exc:
         raise UserError(f"--server / --ca: {exc}") from None
     action = args.session_command
@@ -175,9 +197,9 @@ def run(args: argparse.Namespace) -> int:
             for label, url in (("viewer", info.viewer_url), ("rtmp", info.rtmp_url), ("mp4", info.mp4_url)):
                 if url:
                     print(f"{label}: {url}", file=sys.stderr, flush=True)
-            return _watch(client.events(info.session_id)) if args.watch else 0
+            return _watch(client.events(info.session_id, reconnect=watch_policy)) if args.watch else 0
         if action == "watch":
-            return _watch(client.events(args.session_id))
+            return _watch(client.events(args.session_id, reconnect=watch_policy))
         if action in ("get", "cancel"):
             info = client.get_session(args.session_id) if action == "get" else client.cancel_session(args.session_id)
             _print_session(info)
@@ -205,7 +227,10 @@ def run(args: argparse.Namespace) -> int:
         code = exc.code()
         details = exc.details()
         if code == grpc.StatusCode.UNAVAILABLE:
-            raise UserError(f"no scheduler at {args.server}: start one with `inferix serve` or pass --server") from None
+            waited = f" (retried for {retry_s:g} s; --retry-s)" if retry_s > 0 else ""
+            raise UserError(
+                f"no scheduler at {args.server}{waited}: start one with `inferix serve` or pass --server"
+            ) from None
         raise UserError(f"{code.name}: {details}") from None
     finally:
         client.close()

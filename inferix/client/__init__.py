@@ -1,8 +1,8 @@
 """Inferix client SDK: `Client` (blocking) and `AsyncClient` (asyncio) for the Scheduler API."""
 
 from inferix.client.aio import AsyncClient, AsyncInteraction
-from inferix.client.reconnect import ReconnectPolicy
 from inferix.client.recordings import RecordingError
+from inferix.client.retry import ReconnectPolicy
 from inferix.client.sync import Client, Interaction
 from inferix.client.tls import TlsError
 from inferix.client.types import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -12,8 +12,9 @@ import grpc
 
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client.channel import CHANNEL_OPTIONS, aio_channel, metadata, recording_address
-from inferix.client.reconnect import EventCursor, ReconnectPolicy
+from inferix.client.reconnect import EventCursor
 from inferix.client.recordings import download_http, is_http
+from inferix.client.retry import DEFAULT_RETRY_S, ReconnectPolicy, Waiting, retry_call_async
 from inferix.client.tls import Target, resolve, translate
 from inferix.client.types import (
     Event,
@@ -91,7 +92,9 @@ class AsyncInteraction:
 
 
 class AsyncClient:
-    """Client of the Scheduler API. Unary calls retry on UNAVAILABLE and carry a deadline.
+    """Client of the Scheduler API. Calls carry a deadline and wait for a restarting scheduler or
+    streamer for up to `retry.reconnect_s` (default 30 s), calling `on_wait` once per outage
+    (default: a logged warning); see `inferix.client.retry` for what is retried.
 
     TLS: a `grpcs://host:port` address, `tls=True`, or a `ca` (PEM file or bytes; default: the system's
     roots). A handshake that fails raises `TlsError` (a `grpc.RpcError`, UNAVAILABLE) saying why.
@@ -105,10 +108,14 @@ class AsyncClient:
         *,
         tls: bool | None = None,
         ca: Path | str | bytes | None = None,
+        retry: ReconnectPolicy | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ) -> None:
         self.target = resolve(address, tls, ca)
         self.address = self.target.address
         self.timeout = timeout
+        self.retry = retry or ReconnectPolicy(DEFAULT_RETRY_S)
+        self.on_wait = on_wait
         self._metadata = metadata(api_key)
         # The interceptors propagate the caller's trace context (a no-op without a tracer provider).
         self._channel = aio_channel(self.target, client_interceptors())
@@ -146,7 +153,9 @@ class AsyncClient:
             rtmp=rtmp,
             image=image,
         )
-        reply = await self._unary(self._stub.CreateSession, scheduler_pb2.CreateSessionRequest(spec=spec))
+        # Not idempotent: retried only when it cannot have reached the scheduler.
+        request = scheduler_pb2.CreateSessionRequest(spec=spec)
+        reply = await self._unary(self._stub.CreateSession, request, idempotent=False)
         return SessionInfo.from_proto(reply.session)
 
     async def get_session(self, session_id: str) -> SessionInfo:
@@ -165,19 +174,29 @@ class AsyncClient:
     def interact(self, session_id: str, from_block: int = 0) -> AsyncInteraction:
         return AsyncInteraction(self._stub, session_id, from_block, self._metadata, self.target)
 
-    async def _unary(self, method: Any, request: Any) -> Any:
-        """One unary call with the deadline and credentials; a TLS failure becomes a `TlsError`."""
-        try:
-            return await method(request, timeout=self.timeout, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise await asyncio.to_thread(translate, exc, self.target) from None
+    def waiting(self, what: str = "") -> Waiting:
+        """A retry clock for one call to a restarting server (`what`: default the scheduler)."""
+        return Waiting(what or f"the scheduler at {self.address}", self.retry, self.on_wait)
+
+    async def _unary(self, method: Any, request: Any, idempotent: bool = True) -> Any:
+        """One unary call with the deadline and credentials, retried while the scheduler restarts;
+        a TLS failure becomes a `TlsError`."""
+
+        async def attempt() -> Any:
+            try:
+                return await method(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                raise await asyncio.to_thread(translate, exc, self.target) from None
+
+        return await retry_call_async(attempt, self.waiting(), idempotent=idempotent)
 
     async def events(
         self, session_id: str, from_block: int = 0, reconnect: ReconnectPolicy | None = None
     ) -> AsyncIterator[Event]:
         """Watch a session: every event from `from_block` until it ends. If the scheduler restarts,
         re-attach by itself and continue after the last block seen (see `ReconnectPolicy`)."""
-        cursor = EventCursor(from_block, reconnect or ReconnectPolicy())
+        waiting = Waiting(f"the scheduler at {self.address}", reconnect or ReconnectPolicy(), self.on_wait)
+        cursor = EventCursor(from_block, waiting)
         while True:
             try:
                 async with self.interact(session_id, cursor.next_block) as interaction:
@@ -195,9 +214,19 @@ class AsyncClient:
         """Save the session's MP4 (available once the session has ended; `RecordingError` over HTTP(S))."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        if is_http(session.mp4_url):
-            return await asyncio.to_thread(download_http, session.mp4_url, path, self.target.ca, self.timeout)
-        address, session_id = recording_address(session.mp4_url)
+        mp4_url = session.mp4_url
+        if is_http(mp4_url):
+            waiting = self.waiting(f"the streamer at {mp4_url.partition('/recordings/')[0]}")
+
+            async def fetch() -> Path:
+                return await asyncio.to_thread(download_http, mp4_url, path, self.target.ca, self.timeout)
+
+            return await retry_call_async(fetch, waiting, idempotent=True)
+        address, session_id = recording_address(mp4_url)
+        waiting = self.waiting(f"the streamer at {address}")
+        return await retry_call_async(lambda: self._download_grpc(address, session_id, path), waiting, idempotent=True)
+
+    async def _download_grpc(self, address: str, session_id: str, path: Path) -> Path:
         async with grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             stub = streamer_pb2_grpc.StreamerServiceStub(channel)
             tmp = path.with_suffix(path.suffix + ".part")

@@ -20,7 +20,11 @@ RETRY_SERVICE_CONFIG = json.dumps(
                     "backoffMultiplier": 2,
                     "retryableStatusCodes": ["UNAVAILABLE"],
                 },
-            }
+            },
+            # gRPC retries an UNAVAILABLE call whose server died before answering, i.e. maybe after it
+            # created the session: CreateSession gets no such retry (the more specific name wins). The
+            # SDK retries it only when no connection was made (`inferix.client.retry`).
+            {"name": [{"service": "inferix.v1.SchedulerService", "method": "CreateSession"}]},
         ]
     }
 )
@@ -29,6 +33,10 @@ CHANNEL_OPTIONS = [
     ("grpc.enable_retries", 1),
     ("grpc.service_config", RETRY_SERVICE_CONFIG),
     ("grpc.max_receive_message_length", 64 * 2**20),
+    # A server that restarts is reached again within ~2 s of listening (gRPC's default backoff grows to
+    # 120 s, and calls fail at once while it waits).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 

@@ -18,7 +18,15 @@ CHUNK_BYTES = 1 << 20
 
 
 class RecordingError(Exception):
-    """The recording could not be fetched; the message says why and what to do."""
+    """The recording could not be fetched; the message says why and what to do. `server_away`: no
+    answer from the server (refused, reset, 502-504 from a proxy): a restart may fix it by itself."""
+
+    def __init__(self, message: str, server_away: bool = False) -> None:
+        super().__init__(message)
+        self.server_away = server_away
+
+
+_RESTARTING_STATUS = (502, 503, 504)  # a proxy or ingress in front of a streamer that is away
 
 
 def is_http(mp4_url: str) -> bool:
@@ -42,11 +50,12 @@ def download_http(mp4_url: str, path: Path, ca: bytes | None, timeout: float) ->
     except urllib.error.HTTPError as exc:
         tmp.unlink(missing_ok=True)
         reason = exc.read().decode(errors="replace").strip() or exc.reason
-        raise RecordingError(f"{url}: HTTP {exc.code}: {reason}") from None
+        raise RecordingError(f"{url}: HTTP {exc.code}: {reason}", exc.code in _RESTARTING_STATUS) from None
     except (urllib.error.URLError, OSError) as exc:
         tmp.unlink(missing_ok=True)
         why = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-        raise RecordingError(f"{url}: cannot download the recording: {why}") from None
+        away = isinstance(why, ConnectionError)  # refused, reset, aborted: the server is not (yet) there
+        raise RecordingError(f"{url}: cannot download the recording: {why}", away) from None
     tmp.replace(path)
     return path
 

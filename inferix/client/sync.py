@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -13,8 +13,9 @@ import grpc
 
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client.channel import CHANNEL_OPTIONS, metadata, recording_address, sync_channel
-from inferix.client.reconnect import EventCursor, ReconnectPolicy
+from inferix.client.reconnect import EventCursor
 from inferix.client.recordings import download_http, is_http
+from inferix.client.retry import DEFAULT_RETRY_S, ReconnectPolicy, Waiting, retry_call
 from inferix.client.tls import Target, resolve, translate
 from inferix.client.types import (
     Event,
@@ -87,7 +88,9 @@ class Interaction:
 
 
 class Client:
-    """Blocking client of the Scheduler API. Unary calls retry on UNAVAILABLE and carry a deadline.
+    """Blocking client of the Scheduler API. Calls carry a deadline and wait for a restarting scheduler
+    or streamer for up to `retry.reconnect_s` (default 30 s), calling `on_wait` once per outage
+    (default: a logged warning); see `inferix.client.retry` for what is retried.
 
     TLS: a `grpcs://host:port` address, `tls=True`, or a `ca` (PEM file or bytes; default: the system's
     roots). A handshake that fails raises `TlsError` (a `grpc.RpcError`, UNAVAILABLE) saying why.
@@ -101,10 +104,14 @@ class Client:
         *,
         tls: bool | None = None,
         ca: Path | str | bytes | None = None,
+        retry: ReconnectPolicy | None = None,
+        on_wait: Callable[[str], None] | None = None,
     ) -> None:
         self.target = resolve(address, tls, ca)
         self.address = self.target.address
         self.timeout = timeout
+        self.retry = retry or ReconnectPolicy(DEFAULT_RETRY_S)
+        self.on_wait = on_wait
         self._metadata = metadata(api_key)
         self._channel = sync_channel(self.target)
         # Propagates the caller's trace context (a no-op without a tracer provider).
@@ -143,7 +150,9 @@ class Client:
             rtmp=rtmp,
             image=image,
         )
-        reply = self._unary(self._stub.CreateSession, scheduler_pb2.CreateSessionRequest(spec=spec))
+        # Not idempotent: retried only when it cannot have reached the scheduler.
+        request = scheduler_pb2.CreateSessionRequest(spec=spec)
+        reply = self._unary(self._stub.CreateSession, request, idempotent=False)
         return SessionInfo.from_proto(reply.session)
 
     def get_session(self, session_id: str) -> SessionInfo:
@@ -162,17 +171,27 @@ class Client:
     def interact(self, session_id: str, from_block: int = 0) -> Interaction:
         return Interaction(self._stub, session_id, from_block, self._metadata, self.target)
 
-    def _unary(self, method: Any, request: Any) -> Any:
-        """One unary call with the deadline and credentials; a TLS failure becomes a `TlsError`."""
-        try:
-            return method(request, timeout=self.timeout, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            raise translate(exc, self.target) from None
+    def waiting(self, what: str = "") -> Waiting:
+        """A retry clock for one call to a restarting server (`what`: default the scheduler)."""
+        return Waiting(what or f"the scheduler at {self.address}", self.retry, self.on_wait)
+
+    def _unary(self, method: Any, request: Any, idempotent: bool = True) -> Any:
+        """One unary call with the deadline and credentials, retried while the scheduler restarts;
+        a TLS failure becomes a `TlsError`."""
+
+        def attempt() -> Any:
+            try:
+                return method(request, timeout=self.timeout, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                raise translate(exc, self.target) from None
+
+        return retry_call(attempt, self.waiting(), idempotent=idempotent)
 
     def events(self, session_id: str, from_block: int = 0, reconnect: ReconnectPolicy | None = None) -> Iterator[Event]:
         """Watch a session: every event from `from_block` until it ends. If the scheduler restarts,
         re-attach by itself and continue after the last block seen (see `ReconnectPolicy`)."""
-        cursor = EventCursor(from_block, reconnect or ReconnectPolicy())
+        waiting = Waiting(f"the scheduler at {self.address}", reconnect or ReconnectPolicy(), self.on_wait)
+        cursor = EventCursor(from_block, waiting)
         while True:
             try:
                 with self.interact(session_id, cursor.next_block) as interaction:
@@ -190,9 +209,20 @@ class Client:
         """Save the session's MP4 (available once the session has ended; `RecordingError` over HTTP(S))."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        if is_http(session.mp4_url):
-            return download_http(session.mp4_url, path, self.target.ca, self.timeout)
-        address, session_id = recording_address(session.mp4_url)
+        mp4_url = session.mp4_url
+        if is_http(mp4_url):
+            waiting = self.waiting(f"the streamer at {mp4_url.partition('/recordings/')[0]}")
+            return retry_call(
+                lambda: download_http(mp4_url, path, self.target.ca, self.timeout), waiting, idempotent=True
+            )
+        address, session_id = recording_address(mp4_url)
+        return retry_call(
+            lambda: self._download_grpc(address, session_id, path),
+            self.waiting(f"the streamer at {address}"),
+            idempotent=True,
+        )
+
+    def _download_grpc(self, address: str, session_id: str, path: Path) -> Path:
         with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
             stub = streamer_pb2_grpc.StreamerServiceStub(channel)
             tmp = path.with_suffix(path.suffix + ".part")

@@ -112,5 +112,5 @@ def test_run_dry_run_prints_the_schedules(tmp_path: Path, capsys: pytest.Capture
 def test_run_without_a_scheduler_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     annotations = write_annotations(tmp_path / "annotations.json")
     args = ["lvbench", "run", "--annotations", str(annotations), "--out", str(tmp_path / "v"), "--quiet"]
-    assert main([*args, "--server", "127.0.0.1:1", "--timeout", "5"]) == 2
+    assert main([*args, "--server", "127.0.0.1:1", "--timeout", "5", "--retry-s", "0"]) == 2
     assert "no scheduler at 127.0.0.1:1" in capsys.readouterr().err
