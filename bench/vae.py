@@ -34,6 +34,19 @@ minimum over rounds (the least disturbed by other work on the cores) and the med
 minimums to the first variant, the max abs difference of the video from the first variant's, and
 the warm-up pass's time (a whole video; compilation included).
 
+``--taehv``: the TAEHV tiny decoder (workers/engine/decoders/taehv.py) next to the Wan VAE at its
+released size (``--dim 96``), on the same latents, in one child process: per resolution
+(``--taehv-latents``, default the engine bench's 224x512 and 480x832) and dtype (``--taehv-dtypes``),
+each decoder first decodes one latent frame (the stream's first block, untimed), then the timed
+block of ``--block-frames`` latent frames (the Wan VAE once: it is slow; the TAEHV decoders min of
+``--repeats`` interleaved rounds). Three decoders: the Wan VAE; ours, which runs a block's frames
+through each layer together (channels-last, TGrow before the upsample, upsample+conv as 2x2 phase
+convs); and "framewise", a faithful reference-style walk of one time step through every layer in
+the default layout (workers/engine/decoders/taehv_framewise.py), the baseline of the >= 1.5x target.
+The share of a block adds the engine bench's DiT (denoising steps + context pass per block, same
+dtype, min over the blocks after the first of one session) at the same latent size. TAEHV weights:
+the golden case's taew2_1.pth (released layout, 11.3 M parameters; speed does not depend on values).
+
 ``--share``: the VAE decode's share of a block, next to the DiT's denoising steps and context pass
 of the same block: the engine bench's DiT (dim 384, 6 layers, 448 tokens/frame at the default
 ``--share-latent``) with a VAE of ``--dim``, then every golden Wan case of tests/golden with its own
@@ -58,6 +71,8 @@ from torch import Tensor
 
 from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
+from workers.engine.decoders.taehv import TAEHV, load_taehv
+from workers.engine.decoders.taehv_framewise import FramewiseDecoder
 from workers.engine.golden import find_cases, is_wan_case
 from workers.engine.models.autoencoders import load_vae
 from workers.engine.models.wan.dit import CausalWanDiT
@@ -318,6 +333,100 @@ def run_share(args: argparse.Namespace) -> list[ShareRow]:
     return rows
 
 
+@dataclass
+class TaehvRow:
+    """One resolution and dtype of ``--taehv``: ms per timed block of each decoder, and the DiT's."""
+
+    latent_hw: tuple[int, int]
+    dtype: str
+    pixel_frames: int
+    wan_s: float | None
+    ours_s: float
+    framewise_s: float
+    dit_s: float | None
+    ours_vs_framewise: float  # max abs diff of the timed block's frames, [0, 1] range
+
+
+def _dit_block_seconds(latent_hw: tuple[int, int], dtype: torch.dtype, block_frames: int) -> float:
+    """Denoising steps + context pass of one block of the engine bench's DiT (min over blocks 2 and 3)."""
+    torch.manual_seed(0)
+    dit_config = WanDiTConfig(dim=384, ffn_dim=1536, num_heads=6, num_layers=6, freq_dim=256, text_dim=512, text_len=64)
+    steps = tuple(1000 - 250 * i for i in range(4))
+    pipeline = BlockDiffusionPipeline(
+        CausalWanDiT(dit_config).eval().to(dtype),
+        PipelineConfig(BlockConfig(block_frames, local_attn_size=12, sink_size=3), SamplingConfig(steps)),
+    )
+    prompt = torch.randn(1, dit_config.text_len, dit_config.text_dim).to(dtype)
+    seconds = []
+    with pipeline.open_session(prompt, *latent_hw, num_blocks=3) as session:
+        for out in session:
+            seconds.append(out.timings.denoise_s + out.timings.context_s)
+    return min(seconds[1:])
+
+
+def _timed(fn: Callable[[], Tensor]) -> tuple[Tensor, float]:
+    began = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - began
+
+
+def run_taehv(args: argparse.Namespace) -> list[TaehvRow]:
+    """Child-process body of ``--taehv`` (CPU)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    weights = GOLDEN_DIR / "taew2_1_tiny" / "taew2_1.pth"
+    rows = []
+    for h, w in args.taehv_latents:
+        latents = torch.randn(1, 1 + args.block_frames, 16, h, w, generator=torch.Generator().manual_seed(1))
+        first, block = latents[:, :1], latents[:, 1:]
+        for dtype_name in args.taehv_dtypes:
+            dtype = DTYPES[dtype_name]
+            ours: TAEHV = load_taehv(weights, dtype=dtype)
+            framewise = FramewiseDecoder(load_taehv(weights, dtype=dtype, channels_last=False))
+            state = ours.new_decode_state()
+            with torch.no_grad():
+                ours.decode_stream(first, state)
+                framewise.decode_block(first)
+                ours_out, ours_s = _timed(partial(ours.decode_stream, block, state))
+                walked, framewise_s = _timed(partial(framewise.decode_block, block))
+                for _ in range(args.repeats - 1):  # interleaved: both see the same load on the cores
+                    ours_s = min(ours_s, _timed(partial(ours.decode_stream, block, state))[1])
+                    framewise_s = min(framewise_s, _timed(partial(framewise.decode_block, block))[1])
+                wan_s = None
+                if not args.taehv_skip_wan:
+                    torch.manual_seed(0)
+                    wan = WanVAE(WanVAEConfig(dim=args.dim, num_res_blocks=args.num_res_blocks)).eval().to(dtype)
+                    wan_state = wan.new_decode_state()
+                    wan.decode_block(first.to(dtype), wan_state)
+                    wan_s = _timed(partial(wan.decode_block, block.to(dtype), wan_state))[1]
+                    del wan, wan_state
+            dit_s = None if args.taehv_skip_dit else _dit_block_seconds((h, w), dtype, args.block_frames)
+            diff = (ours_out.float() - walked.float()).abs().max().item()
+            rows.append(TaehvRow((h, w), dtype_name, ours_out.shape[1], wan_s, ours_s, framewise_s, dit_s, diff))
+            print(f"  done {8 * h}x{8 * w} {dtype_name}", flush=True)
+    return rows
+
+
+def report_taehv(rows: list[TaehvRow]) -> None:
+    def ms(s: float | None) -> str:
+        return "n/a" if s is None else f"{1e3 * s:.0f}"
+
+    def share(decode_s: float | None, dit_s: float | None) -> str:
+        return "n/a" if decode_s is None or dit_s is None else f"{decode_s / (decode_s + dit_s):.1%}"
+
+    print(
+        f"{'pixels':>9} {'dtype':>5} {'frames':>6} {'DiT ms':>8} {'Wan VAE ms':>11} {'share':>6} {'TAEHV ms':>9} "
+        f"{'share':>6} {'framewise ms':>13} {'Wan/ours':>9} {'framewise/ours':>15} {'max abs diff':>13}"
+    )
+    for r in rows:
+        wan_ratio = "n/a" if r.wan_s is None else f"{r.wan_s / r.ours_s:.1f}x"
+        print(
+            f"{8 * r.latent_hw[0]}x{8 * r.latent_hw[1]:<5} {r.dtype:>5} {r.pixel_frames:>6} {ms(r.dit_s):>8} "
+            f"{ms(r.wan_s):>11} {share(r.wan_s, r.dit_s):>6} {ms(r.ours_s):>9} {share(r.ours_s, r.dit_s):>6} "
+            f"{ms(r.framewise_s):>13} {wan_ratio:>9} {r.framewise_s / r.ours_s:>14.2f}x {r.ours_vs_framewise:>13.2e}"
+        )
+
+
 def _mib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / MiB:.1f}"
 
@@ -397,6 +506,18 @@ def parse_args() -> argparse.Namespace:
         "--share-latent", type=int, nargs=2, default=(28, 64), metavar=("H", "W"), help="latent of the --share DiT"
     )
     parser.add_argument("--share-blocks", type=int, default=3, help="blocks per --share session")
+    parser.add_argument("--taehv", action="store_true", help="TAEHV vs the Wan VAE (--dim 96) and framewise (CPU)")
+    parser.add_argument(
+        "--taehv-latents",
+        type=lambda v: tuple(int(x) for x in v.split("x")),
+        nargs="+",
+        default=[(28, 64), (60, 104)],
+        metavar="HxW",
+        help="latent sizes of --taehv (default 28x64 60x104: 224x512 and 480x832 pixels)",
+    )
+    parser.add_argument("--taehv-dtypes", nargs="+", default=["fp32", "bf16"], choices=sorted(DTYPES))
+    parser.add_argument("--taehv-skip-wan", action="store_true", help="--taehv without the (slow) Wan VAE")
+    parser.add_argument("--taehv-skip-dit", action="store_true", help="--taehv without the DiT (no shares)")
     return parser.parse_args()
 
 
@@ -412,6 +533,14 @@ def main() -> None:
         )
         with ctx.Pool(1) as pool:
             report_share(pool.apply(run_share, (args,)))
+        return
+    if args.taehv:
+        print(
+            f"TAEHV vs Wan VAE (dim {args.dim}) vs framewise TAEHV, cpu, {args.threads or 'default'} thread(s), one "
+            f"block of {args.block_frames} latent frames after a first frame, TAEHV min of {args.repeats}\n"
+        )
+        with ctx.Pool(1) as pool:
+            report_taehv(pool.apply(run_taehv, (args,)))
         return
     if args.variants:
         print(
