@@ -32,6 +32,8 @@ class CommittedBlock:
     # sends it (keys by name, mouse values in the schema's axis order); empty: neutral, or a model without actions.
     action_keys: tuple[str, ...] = ()
     action_mouse: tuple[float, ...] = ()
+    # A prompt switch re-encoded the KV cache before this block (LongLive's re-cache): a replay does it again.
+    recached: bool = False
 
     def problem(self) -> str | None:
         """What is wrong with the block's data (None when it is well-formed)."""
@@ -53,6 +55,7 @@ class CommittedBlock:
             prompt=self.prompt,
             carry_shape=list(self.carry_shape),
             carry=self.carry,
+            recached=self.recached,
         )
         if self.action_keys or self.action_mouse:
             message.action.CopyFrom(common_pb2.HeldAction(keys=self.action_keys, mouse=self.action_mouse))
@@ -70,6 +73,7 @@ class CommittedBlock:
             message.carry,
             tuple(message.action.keys),
             tuple(message.action.mouse),
+            message.recached,
         )
 
     def encode(self) -> bytes:

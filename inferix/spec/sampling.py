@@ -84,9 +84,41 @@ class BlockConfig:
 
 
 @dataclass(frozen=True)
+class PromptSwitchConfig:
+    """What a prompt switch does to the KV cache (LongLive 1.0's `_recache_after_switch`).
+
+    `recache`: every switch re-encodes the recent frames under the new prompt (a client may also
+    ask for it per switch). `global_sink`: the sink keeps the K/V of the session's first frames
+    through a re-cache (LongLive's default); false: the re-cached window's first frames become the
+    sink. Costs one DiT pass over the window at the switch.
+    """
+
+    recache: bool = False
+    global_sink: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("recache", "global_sink"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     block: BlockConfig = field(default_factory=BlockConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    prompt_switch: PromptSwitchConfig = field(default_factory=PromptSwitchConfig)
+
+    def __post_init__(self) -> None:
+        block = self.block
+        if self.prompt_switch.recache and block.sink_size > block.num_frame_per_block:
+            # LongLive's loop never rewrites sink slots from a call that starts after frame 0, so its
+            # sink frames after the first block keep the K/V of their first denoising step; the block
+            # loop here rewrites them each step, as Self Forcing does, and would not match it.
+            raise ValueError(
+                f"prompt_switch.recache (LongLive's loop) needs sink_size <= num_frame_per_block, got sink_size="
+                f"{block.sink_size} with num_frame_per_block={block.num_frame_per_block}: LongLive keeps the "
+                f"first step's K/V of the sink frames after the first block, which this engine does not reproduce"
+            )
 
 
 @dataclass(frozen=True)

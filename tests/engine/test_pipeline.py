@@ -128,22 +128,31 @@ def test_prompt_change_applies_at_the_next_block_and_keeps_the_cache() -> None:
     assert not torch.equal(rest[0], base[2])
 
 
-def test_recache_rewrites_cached_frames_under_the_new_prompt() -> None:
+def test_recache_rewrites_the_window_under_the_new_prompt_and_keeps_the_global_sink() -> None:
     outputs = {}
+    sink_tokens = TINY_DIT.tokens_per_frame(LATENT_H, LATENT_W)
     for recache in (False, True):
         pipeline = tiny_pipeline(ROLLING)
-        with pipeline.open_session(prompt(0), LATENT_H, LATENT_W, seed=7, num_blocks=4) as session:
+        with torch.no_grad(), pipeline.open_session(prompt(0), LATENT_H, LATENT_W, seed=7, num_blocks=4) as session:
             for _ in range(3):
                 session.generate_block()
             # Layer 1: its K/V depend on the prompt through layer 0's cross-attention.
             before = session.cache.layer_kv(1)[0].clone()
             session.set_prompt(prompt(1), recache=recache)
-            outputs[recache] = session.generate_block().latents
-            assert session.cache.frames[0] == 0
-            after = session.cache.layer_kv(1)[0]
-            sink_tokens = TINY_DIT.tokens_per_frame(LATENT_H, LATENT_W)
-            changed = not torch.equal(before[:sink_tokens], after[:sink_tokens])
-            assert changed == recache  # the sink frame's K/V is re-encoded only with recache
+            job = session.block_job()
+            call = next(job)
+            assert (call.kind == "context_pass") == recache  # the re-cache opens the block
+            if recache:  # frames 2..5 after the sink frame 0, in one pass
+                assert (call.start_frame, call.x.shape[1]) == (2, 4)
+                call = job.send(session.dit.forward_batch([call])[0])
+                after = session.cache.layer_kv(1)[0]
+                assert torch.equal(before[:sink_tokens], after[:sink_tokens])  # the global sink is kept
+                assert not torch.equal(before[sink_tokens:], after[sink_tokens:])
+            try:
+                while True:
+                    call = job.send(session.dit.forward_batch([call])[0])
+            except StopIteration as done:
+                outputs[recache] = done.value.latents
     assert not torch.equal(outputs[False], outputs[True])
 
 

@@ -11,13 +11,14 @@ loaded there and the networks built there, so the same checks measure a CUDA or 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from safetensors.torch import load_file
@@ -26,16 +27,18 @@ from torch import Tensor
 from inferix.errors import UserError
 from inferix.spec.architectures import UMT5Config, WanDiTConfig, WanVAEConfig
 from inferix.spec.parity import GOLDEN_TOLERANCE
-from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
+from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, PromptSwitchConfig, SamplingConfig
 from workers.engine.flow_match import FlowMatchSchedule
+from workers.engine.kv.pool import PagedSessionCache
 from workers.engine.models.autoencoders import load_vae
-from workers.engine.models.wan.dit import CausalWanDiT
+from workers.engine.models.wan.dit import CausalWanDiT, DiTCall
 from workers.engine.models.wan.text_encoder import UMT5Encoder
 from workers.engine.models.wan.vae import WanVAE, to_unit_range
 from workers.engine.noise import RecordedNoise
-from workers.engine.pipeline import BlockDiffusionPipeline
+from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, DiTJob
 
 _RENOISE_KEY = re.compile(r"renoise_b(\d+)_s(\d+)$")
+_PROMPT_KEY = re.compile(r"(.*)prompt_embeds_seg(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,15 @@ def check_dit_forward(case: GoldenCase, tol: float, dit: CausalWanDiT | None = N
             yield Comparison(case.name, f"dit_forward.x0_{call}", _diff(x0, data[f"dit_fwd_x0_{call}"]), tol)
 
 
+def _finish_job(dit: CausalWanDiT, job: DiTJob[BlockOutput], call: DiTCall) -> BlockOutput:
+    """Run a block job alone from its pending `call` on (`run_solo` after its first calls)."""
+    try:
+        while True:
+            call = job.send(dit.forward_batch([call])[0])
+    except StopIteration as done:
+        return cast(BlockOutput, done.value)
+
+
 def _recorded_noise(inputs: dict[str, Tensor]) -> RecordedNoise:
     renoise = {
         (int(m.group(1)), int(m.group(2))): t for key, t in inputs.items() if (m := _RENOISE_KEY.match(key)) is not None
@@ -256,15 +268,93 @@ def check_pipeline(
             yield Comparison(case.name, f"pipeline.{key}", _diff(x0, outputs[key]), tol)
     latents = torch.cat([b.latents for b in blocks], dim=1)
     yield Comparison(case.name, "pipeline.latents", _diff(latents, outputs["latents"]), tol)
-    cached_frames = len(session.cache.frames)
-    for layer in case.config.get("kv_cache", {}).get("layers_saved", []):
-        end_key = f"kv_l{layer}_local_end_index"
-        for kind, local in zip("kv", session.cache.layer_kv(layer), strict=True):
-            ours = local if kv_view is None else kv_view(local, cached_frames)
-            used = int(outputs[end_key][0]) if end_key in outputs else ours.shape[0]
-            golden = outputs[f"kv_l{layer}_{kind}"][0, :used]
-            yield Comparison(case.name, f"kv_cache.layer{layer}.{kind}", _diff(ours, golden), tol)
+    yield from _compare_kv(case, "kv_cache", session.cache, outputs, "kv", tol, kv_view)
     session.close()
+
+
+def _compare_kv(
+    case: GoldenCase,
+    name: str,
+    cache: PagedSessionCache,
+    golden: dict[str, Tensor],
+    key: str,
+    tol: float,
+    kv_view: KVView | None = None,
+) -> Iterator[Comparison]:
+    """The cache's saved layers against `{key}_l{layer}_{k,v}` [1, cache tokens, H, D], up to the
+    reference's local end index (its cache in frame order, as `layer_kv` returns ours)."""
+    cached_frames = len(cache.frames)
+    for layer in case.config.get("kv_cache", {}).get("layers_saved", []):
+        end_key = f"{key}_l{layer}_local_end_index"
+        for kind, local in zip("kv", cache.layer_kv(layer), strict=True):
+            ours = local if kv_view is None else kv_view(local, cached_frames)
+            used = int(golden[end_key][0]) if end_key in golden else ours.shape[0]
+            reference = golden[f"{key}_l{layer}_{kind}"][0, :used]
+            yield Comparison(case.name, f"{name}.layer{layer}.{kind}", _diff(ours, reference), tol)
+
+
+def check_prompt_switches(case: GoldenCase, tol: float) -> Iterator[Comparison]:
+    """LongLive's prompt switches with KV re-cache (`config.json:switch_case`, `switch.safetensors`):
+    for each variant (a key prefix and its `global_sink`), the block loop with its recorded noise,
+    switching prompt before the first block whose start frame reaches the next switch index, as the
+    reference's rule does. Compared: every step's x0, the latents, the cache right after each
+    re-cache and at the end, the segments' prompt embeddings and the video."""
+    spec = case.config.get("switch_case")
+    if spec is None:
+        return
+    data = case.tensors(Path(spec.get("file", "switch.safetensors")).stem)
+    dit = case.build_dit()
+    # The segments' prompts, shared by the variants: `<p>prompt_embeds_seg{i}` from `<p>text_ids_seg{i}`.
+    prompt_keys = {int(m.group(2)): m.group(1) for k in data if (m := _PROMPT_KEY.match(k)) is not None}
+    embeds = [data[f"{prompt_keys[i]}prompt_embeds_seg{i}"] for i in range(len(prompt_keys))]
+    if case.has("text"):
+        encoder = _text_encoder(case)
+        for i, stem in prompt_keys.items():
+            ids, mask = data[f"{stem}text_ids_seg{i}"], data[f"{stem}text_mask_seg{i}"]
+            with torch.no_grad():
+                ours = encoder.prompt_embeds(ids, mask)
+            yield Comparison(case.name, f"switch.prompt_embeds_seg{i}", _diff(ours, embeds[i]), tol)
+    vae = _vae(case) if case.has("vae") else None
+    variants: dict[str, dict[str, Any]] = spec["variants"]
+    for prefix, variant in variants.items():
+        name = prefix.rstrip("_")
+        # This variant's keys, not those of a variant whose prefix extends it ("switch_nosink_" of "switch_").
+        longer = [p for p in variants if p != prefix and p.startswith(prefix)]
+        own = {k[len(prefix) :]: t for k, t in data.items() if k.startswith(prefix) and not k.startswith(tuple(longer))}
+        switches = PromptSwitchConfig(recache=True, global_sink=bool(variant["global_sink"]))
+        config = dataclasses.replace(case.pipeline_config(), prompt_switch=switches)
+        pipeline = BlockDiffusionPipeline(dit, config)
+        noise = _recorded_noise(own)
+        _, frames, _, h, w = noise.initial_noise.shape
+        nf = config.block.num_frame_per_block
+        at = list(spec["switch_frame_indices"])
+        session = pipeline.open_session(embeds[0], h, w, noise=noise, num_blocks=frames // nf, record_steps=True)
+        blocks, segment, recaches = [], 0, 0
+        with torch.no_grad():
+            for index in range(frames // nf):
+                if segment < len(at) and index * nf >= at[segment]:
+                    segment += 1
+                    session.set_prompt(embeds[segment], recache=True)
+                job = session.block_job()
+                call = next(job)
+                if call.kind == "context_pass":  # the re-cache pass opens a block after a switch
+                    call = job.send(dit.forward_batch([call])[0])
+                    key = f"recache{recaches}_kv"
+                    yield from _compare_kv(case, f"{name}.recache{recaches}", session.cache, own, key, tol)
+                    recaches += 1
+                blocks.append(_finish_job(dit, job, call))
+        for block in blocks:
+            for step, x0 in enumerate(block.step_x0):
+                key = f"x0_b{block.index}_s{step}"
+                yield Comparison(case.name, f"{name}.{key}", _diff(x0, own[key]), tol)
+        latents = torch.cat([b.latents for b in blocks], dim=1)
+        yield Comparison(case.name, f"{name}.latents", _diff(latents, own["latents"]), tol)
+        yield from _compare_kv(case, f"{name}.kv_cache", session.cache, own, "kv", tol)
+        session.close()
+        if vae is not None:
+            state = vae.new_decode_state()
+            video = torch.cat([vae.decode_block(b.latents, state) for b in blocks], dim=1)
+            yield from _compare_video(case, f"{name}.video", video, tol, own)
 
 
 def _vae(case: GoldenCase) -> WanVAE:
@@ -277,18 +367,26 @@ def _text_encoder(case: GoldenCase) -> UMT5Encoder:
     return UMT5Encoder.from_checkpoint(case.folder / "text.safetensors", config, dtype=case.dtype, device=case.device)
 
 
-def _compare_video(case: GoldenCase, prefix: str, video: Tensor, tol: float) -> Iterator[Comparison]:
-    """`video` [1, T, 3, H, W] in [-1, 1] against the stored slices of the pipeline video ([0, 1])."""
+def _compare_video(
+    case: GoldenCase,
+    prefix: str,
+    video: Tensor,
+    tol: float,
+    golden: dict[str, Tensor] | None = None,
+    key: str = "video_",
+) -> Iterator[Comparison]:
+    """`video` [1, T, 3, H, W] in [-1, 1] against the stored slices of a pipeline video ([0, 1]):
+    `{key}first_block`, `{key}last_latent_frame`, `{key}frame_channel_sum` (default: the outputs')."""
     unit = to_unit_range(video)
-    outputs = case.tensors("outputs")
-    first = outputs["video_first_block"]
+    outputs = case.tensors("outputs") if golden is None else golden
+    first = outputs[f"{key}first_block"]
     yield Comparison(case.name, f"{prefix}.first_block", _diff(unit[:, : first.shape[1]], first), tol)
-    last = outputs["video_last_latent_frame"]
+    last = outputs[f"{key}last_latent_frame"]
     yield Comparison(case.name, f"{prefix}.last_latent_frame", _diff(unit[:, -last.shape[1] :], last), tol)
     # Per-frame, per-channel means (the stored fp64 sums over H x W, divided by H * W).
     pixels = unit.shape[-1] * unit.shape[-2]
     means = unit[0].double().sum(dim=(2, 3)) / pixels
-    golden_means = outputs["video_frame_channel_sum"] / pixels
+    golden_means = outputs[f"{key}frame_channel_sum"] / pixels
     yield Comparison(case.name, f"{prefix}.frame_channel_mean", _diff(means, golden_means), tol)
 
 
@@ -350,6 +448,7 @@ CHECKS: list[Callable[[GoldenCase, float], Iterator[Comparison]]] = [
     check_text_encoder,
     check_vae,
     check_full_chain,
+    check_prompt_switches,
 ]
 
 

@@ -25,7 +25,6 @@ step. Either way the session computes exactly the same thing.
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
@@ -79,17 +78,20 @@ class BlockOutput:
     latents: Tensor
     timings: BlockTimings
     step_x0: list[Tensor] = field(default_factory=list)
+    recached: bool = False  # a prompt switch re-encoded the cache before this block (committed with it)
 
 
 @dataclass
 class ReplayBlock:
     """A committed block as the engine replays it: its first latent frame, clean latents, prompt
-    embeddings, and (a DiT with a keyboard branch) the keys held in each of its frames [F, keys]."""
+    embeddings, (a DiT with a keyboard branch) the keys held in each of its frames [F, keys], and
+    whether its prompt switch re-encoded the cache before it (`BlockOutput.recached`)."""
 
     start_frame: int
     latents: Tensor
     prompt_embeds: Tensor
     key_rows: Tensor | None = None
+    recached: bool = False
 
 
 class BlockDiffusionPipeline:
@@ -237,7 +239,8 @@ class GenerationSession:
         self.prompt_embeds = prompt_embeds
         self.prompt: CrossAttentionKV = self.dit.encode_prompt(prompt_embeds)
         self._pending_prompt: tuple[Tensor, bool] | None = None
-        self._frame_latents: dict[int, Tensor] = {}  # clean latents of the frames in the cache
+        # Clean latents of the frames in the cache and of the last window's frames (a re-cache reads them).
+        self._frame_latents: dict[int, Tensor] = {}
         # A DiT with a keyboard branch: the keys held in each frame ([keys]) that a later call's
         # windows still read, and those of the next block (`set_key_rows`; None: no key held).
         self._key_rows: dict[int, Tensor] = {}
@@ -252,9 +255,9 @@ class GenerationSession:
     def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None:
         """Switch prompt before the next block.
 
-        The self-attention cache is kept. With `recache` (LongLive-style) the frames still in the
-        cache are re-encoded by context passes under the new prompt, so the past no longer pulls
-        the video towards the old prompt.
+        The self-attention cache is kept, unless `recache` (or the model's `prompt_switch.recache`)
+        asks for LongLive's KV re-cache: the recent frames are re-encoded under the new prompt, so
+        the past no longer pulls the video towards the old prompt (see `_recache`).
         """
         width = self.dit.config.text_dim
         if prompt_embeds.dim() != 3 or prompt_embeds.shape[-1] != width:
@@ -294,7 +297,7 @@ class GenerationSession:
         if self.num_blocks is not None and self.next_block >= self.num_blocks:
             raise RuntimeError(f"session {self.session_id} already produced its {self.num_blocks} blocks")
         began = time.perf_counter()
-        yield from self._apply_pending_prompt()
+        recached = yield from self._apply_pending_prompt()
         nf = self.block_config.num_frame_per_block
         shape = (1, nf, *self.latent_shape)
         device = self.pipeline.device
@@ -330,6 +333,7 @@ class GenerationSession:
             latents=x0,
             timings=BlockTimings(denoise_s=denoised - began, context_s=finished - denoised),
             step_x0=step_x0,
+            recached=recached,
         )
 
     @torch.no_grad()
@@ -347,6 +351,9 @@ class GenerationSession:
             self._frame_latents.clear()
         for committed in blocks:
             self._use_prompt(committed.prompt_embeds)
+            if committed.recached:
+                self.next_frame = committed.start_frame
+                run_solo(self.dit, self._recache())
             self._hold_keys(committed.start_frame, committed.latents.shape[1], committed.key_rows)
             run_solo(self.dit, self._context_pass(committed.latents.to(self.pipeline.device), committed.start_frame))
             self.next_frame = committed.start_frame + committed.latents.shape[1]
@@ -411,12 +418,15 @@ class GenerationSession:
         yield from self._call(latents, self._context_timesteps(latents.shape[1]), start_frame, "context_pass")
         for i in range(latents.shape[1]):
             self._frame_latents[start_frame + i] = latents[:, i]
+        # A re-cache re-runs the cached frames and (without a global sink) the whole last window.
         cached = set(self.cache.frames)
-        for frame in [f for f in self._frame_latents if f not in cached]:
+        block = self.block_config
+        recent = -1 if block.is_global else start_frame + latents.shape[1] - block.local_attn_size
+        for frame in [f for f in self._frame_latents if f not in cached and f < recent]:
             del self._frame_latents[frame]
         action = self.dit.config.action
-        if action is not None and cached:  # a recache re-runs the cached frames: keep what they read
-            oldest = min(cached) - action.rows_before
+        if action is not None and self._frame_latents:  # keep the key rows those passes read
+            oldest = min(self._frame_latents) - action.rows_before
             for frame in [f for f in self._key_rows if f < oldest]:
                 del self._key_rows[frame]
 
@@ -444,33 +454,42 @@ class GenerationSession:
         self.prompt_embeds = prompt_embeds
         self.prompt = self.dit.encode_prompt(prompt_embeds)
 
-    def _apply_pending_prompt(self) -> DiTJob[None]:
+    def _apply_pending_prompt(self) -> DiTJob[bool]:
+        """Switch to the pending prompt, if any; whether the switch re-encoded the cache."""
         if self._pending_prompt is None:
-            return
+            return False
         embeds, recache = self._pending_prompt
         self._pending_prompt = None
         self._use_prompt(embeds)
-        if recache and self.cache.frames:
-            yield from self._recache()
+        if not (recache or self.pipeline.config.prompt_switch.recache) or self.next_frame == 0:
+            return False
+        yield from self._recache()
+        return True
 
     def _recache(self) -> DiTJob[None]:
-        frames = list(self.cache.frames)
-        latents = {f: self._frame_latents[f] for f in frames}
-        self.cache.drop()
-        nf = self.block_config.num_frame_per_block
-        for run in _consecutive_runs(frames, nf):
-            chunk = torch.stack([latents[f] for f in run], dim=1)
-            yield from self._context_pass(chunk, run[0])
+        """LongLive's KV re-cache before the block at frame S = `next_frame`, under the new prompt.
+
+        The reference runs one unmasked context pass over the last W = min(window, S) clean frames
+        [S - W, S) (all S frames with global attention) and writes their K/V back, except that
+        while frames precede them it protects the sink slots (`global_sink`): the sink keeps the
+        K/V of the session's first frames, and the recomputed frames that would land there are
+        dropped. Their K/V reach no other frame, so we compute only the frames whose K/V stay,
+        [S - W + sink, S): exactly the window's frames after its sink, rewritten in place. Without
+        a global sink the cache starts over at frame S - W: those W frames are all written, the
+        first `sink` of them become the sink. The window then rolls on as usual.
+        """
+        block = self.block_config
+        start = self.next_frame
+        span = start if block.is_global else min(block.local_attn_size, start)
+        first = start - span
+        if first > 0 and self.pipeline.config.prompt_switch.global_sink:
+            first += block.sink_size
+        else:
+            self.cache.drop()
+        if first < start:
+            chunk = torch.stack([self._frame_latents[f] for f in range(first, start)], dim=1)
+            yield from self._context_pass(chunk, first)
 
     def _sync(self) -> None:
         if self.pipeline.device.type == "cuda":
             torch.cuda.synchronize(self.pipeline.device)
-
-
-def _consecutive_runs(frames: Sequence[int], max_len: int) -> list[list[int]]:
-    """Split ascending frame ids into runs of consecutive ids, each at most `max_len` long."""
-    runs: list[list[int]] = []
-    for _, group in itertools.groupby(enumerate(frames), key=lambda p: p[1] - p[0]):
-        ids = [f for _, f in group]
-        runs.extend(ids[i : i + max_len] for i in range(0, len(ids), max_len))
-    return runs

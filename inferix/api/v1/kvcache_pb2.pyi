@@ -184,7 +184,7 @@ class ReleaseResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class CommittedBlock(_message.Message):
-    __slots__ = ("block_index", "start_frame", "shape", "latents", "prompt", "carry_shape", "carry", "action")
+    __slots__ = ("block_index", "start_frame", "shape", "latents", "prompt", "carry_shape", "carry", "action", "recached")
     BLOCK_INDEX_FIELD_NUMBER: _ClassVar[int]
     START_FRAME_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class CommittedBlock(_message.Message):
     CARRY_SHAPE_FIELD_NUMBER: _ClassVar[int]
     CARRY_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
+    RECACHED_FIELD_NUMBER: _ClassVar[int]
     block_index: int
     start_frame: int
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -201,7 +202,8 @@ class CommittedBlock(_message.Message):
     carry_shape: _containers.RepeatedScalarFieldContainer[int]
     carry: bytes
     action: _common_pb2.HeldAction
-    def __init__(self, block_index: _Optional[int] = ..., start_frame: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., latents: _Optional[bytes] = ..., prompt: _Optional[str] = ..., carry_shape: _Optional[_Iterable[int]] = ..., carry: _Optional[bytes] = ..., action: _Optional[_Union[_common_pb2.HeldAction, _Mapping]] = ...) -> None: ...
+    recached: bool
+    def __init__(self, block_index: _Optional[int] = ..., start_frame: _Optional[int] = ..., shape: _Optional[_Iterable[int]] = ..., latents: _Optional[bytes] = ..., prompt: _Optional[str] = ..., carry_shape: _Optional[_Iterable[int]] = ..., carry: _Optional[bytes] = ..., action: _Optional[_Union[_common_pb2.HeldAction, _Mapping]] = ..., recached: _Optional[bool] = ...) -> None: ...
 
 class CommitBlockRequest(_message.Message):
     __slots__ = ("session_id", "block")

@@ -131,7 +131,9 @@ def _to_cpu(command: Command) -> Command:
     if isinstance(command, OpenSession | SetPrompt):
         return dataclasses.replace(command, prompt_embeds=command.prompt_embeds.cpu())
     if isinstance(command, Replay):
-        blocks = [ReplayBlock(b.start_frame, b.latents.cpu(), b.prompt_embeds.cpu()) for b in command.blocks]
+        blocks = [
+            dataclasses.replace(b, latents=b.latents.cpu(), prompt_embeds=b.prompt_embeds.cpu()) for b in command.blocks
+        ]
         return Replay(command.session_id, blocks, command.next_block, command.from_start)
     return command
 
@@ -163,7 +165,8 @@ class PodEngine:
         elif isinstance(command, Replay):
             device = self.pipeline.device
             blocks = [
-                ReplayBlock(b.start_frame, b.latents.to(device), b.prompt_embeds.to(device)) for b in command.blocks
+                dataclasses.replace(b, latents=b.latents.to(device), prompt_embeds=b.prompt_embeds.to(device))
+                for b in command.blocks
             ]
             self._session(command.session_id).replay(blocks, command.next_block, from_start=command.from_start)
         elif isinstance(command, CloseSession):
