@@ -117,6 +117,13 @@ def parse_args() -> argparse.Namespace:
         "folder's; env INFERIX_QUANT)",
     )
     parser.add_argument(
+        "--decoder",
+        default=env("INFERIX_DECODER") or None,
+        metavar="vae|taehv:PATH",
+        help="decode latents with: vae (the model's own) or taehv:PATH (a TAEHV weight file; Wan-latent models); "
+        "default: the model folder's 'decoder:'; env INFERIX_DECODER. Every worker of a mesh alike",
+    )
+    parser.add_argument(
         "--kv-dtype",
         default=env("INFERIX_KV_DTYPE", "auto"),
         choices=("auto", "fp8", "int8"),
@@ -184,7 +191,8 @@ def main() -> None:
             run_worker_pod(args, dtype, lambda model, driver: serve(args, model, driver))
             exit_shut_down_rank()
         else:
-            serve(args, load_model(args.model, dtype=dtype, device=args.device, quant=args.quant))
+            model = load_model(args.model, dtype=dtype, device=args.device, quant=args.quant, decoder=args.decoder)
+            serve(args, model)
     except UserError as exc:
         where = f" (rank {me})" if pod else ""
         print(f"python -m workers{where}: error: {exc}", file=sys.stderr, flush=True)

@@ -110,7 +110,7 @@ def run_worker_pod(args: argparse.Namespace, dtype: str, serve: Callable[[Loaded
     """
     device = init_distributed(args.device)
     me = dist.get_rank()
-    model = load_model(args.model, dtype=dtype, device=device, quant=args.quant)
+    model = load_model(args.model, dtype=dtype, device=device, quant=args.quant, decoder=args.decoder)
     engine, choice = build_worker_pod(model, parallel_config(args), args.kv_pages)
     if me != 0:
         ignore_stop_signals()  # before the control group exists: rank 0 cannot serve before that

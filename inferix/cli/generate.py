@@ -88,6 +88,13 @@ def register(subparsers: Any) -> None:
         "(default: the model folder's; see Quantization in the README)",
     )
     parser.add_argument(
+        "--decoder",
+        default=None,
+        metavar="vae|taehv:PATH",
+        help="decode latents with: vae (the model's own, default) or taehv:PATH (a TAEHV weight file, .pth or "
+        ".safetensors; Wan-latent models; default: the model folder's 'decoder:')",
+    )
+    parser.add_argument(
         "--kv-dtype",
         default="auto",
         choices=("auto", "fp8", "int8"),
@@ -153,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         attention_backend=args.attention,
         quant=args.quant,
         kv_dtype=args.kv_dtype,
+        decoder=args.decoder,
     )
     model = engine.model
     width, height = args.width or model.width, args.height or model.height

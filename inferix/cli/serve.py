@@ -114,6 +114,14 @@ def register(subparsers: Any) -> None:
         "(default: the model folder's; see Quantization in the README)",
     )
     parser.add_argument(
+        "--decoder",
+        default=None,
+        metavar="vae|taehv:PATH",
+        help="what every worker decodes latents with: vae (the model's own, default) or taehv:PATH (a TAEHV "
+        "weight file; Wan-latent models; default: the model folder's 'decoder:'); all workers alike, so a "
+        "recovered session decodes as it began",
+    )
+    parser.add_argument(
         "--kv-dtype",
         default="auto",
         choices=("auto", "fp8", "int8"),
@@ -207,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         compile=args.compile,
         cuda_graphs=args.cuda_graphs,
         quant=args.quant,
+        decoder=None if args.decoder is None else _decoder_path(args.decoder),
         kv_dtype=args.kv_dtype,
         http_port=args.http_port,
         rtmp=args.rtmp,
@@ -263,6 +272,19 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _decoder_path(value: str) -> str:
+    """``--decoder`` with its TAEHV file made absolute (the workers run in the mesh's folder), checked to exist."""
+    from inferix.spec.decoders import parse_decoder
+
+    choice = parse_decoder(value, "--decoder")
+    if choice.path is None:
+        return str(choice)
+    path = choice.path.resolve()
+    if not path.is_file():
+        raise UserError(f"--decoder {value}: {path} is not a file (a TAEHV weight file, .pth or .safetensors)")
+    return f"{choice.kind}:{path}"
 
 
 def _print_addresses(mesh: Mesh, workdir: Path) -> None:

@@ -81,6 +81,8 @@ class MeshConfig:
     cuda_graphs: bool = False
     # Workers quantize their DiT (`--quant`; None: the model folder's choice).
     quant: str | None = None
+    # What every worker decodes with (`--decoder`, "vae" / "taehv:PATH"; None: the model folder's choice).
+    decoder: str | None = None
     # Workers store their KV pages in 8 bits ("fp8", "int8") or the model's dtype ("auto").
     kv_dtype: str = "auto"
     metrics: bool = True
@@ -211,6 +213,8 @@ def _launch_worker(
         args.append("--cuda-graphs")
     if config.quant is not None:
         args += ["--quant", config.quant]
+    if config.decoder is not None:
+        args += ["--decoder", config.decoder]
     if config.kv_dtype != "auto":
         args += ["--kv-dtype", config.kv_dtype]
     module = "workers"

@@ -55,6 +55,7 @@ _SECTIONS = (
     "random_weights",
     "quant",
     "actions",
+    "decoder",
 )
 
 
@@ -119,6 +120,8 @@ class ModelPreset:
     quant: str = "none"
     # What a player sends an action-conditioned model (its DiT has `action`); None: a text model.
     actions: ActionSchema | None = None
+    # What decodes its latents: "vae" (its own) or "taehv:PATH" (inferix.spec.decoders; `--decoder`).
+    decoder: str = "vae"
 
     def __post_init__(self) -> None:
         if not isinstance(self.quant, str) or not self.quant:
@@ -190,6 +193,7 @@ class ModelPreset:
                 files=None if files is None else _build(ModelFiles, files, f"{where}: files"),
                 random_weights_seed=None if random is None else _random_seed(random, where),
                 quant=data.get("quant", "none"),
+                decoder=str(data.get("decoder", "vae")),
                 actions=None
                 if "actions" not in data
                 else _call(ActionSchema.from_dict, data["actions"], f"{where}: actions"),

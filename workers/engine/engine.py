@@ -203,7 +203,7 @@ class EngineSession:
             self.session = pipeline.open_session(embeds, *size, seed=seed, num_blocks=num_blocks, session_id=session_id)
         else:
             self.session = PodSession(driver, session_id, embeds, *size, seed=seed, num_blocks=num_blocks)
-        self.decoder: BlockDecoder = model.vae
+        self.decoder: BlockDecoder = model.decoder
         self.decode_state = self.decoder.new_decode_state()
         self.next_frame = 0
 
@@ -409,18 +409,22 @@ class Engine:
         kv_pages: int | None = None,
         quant: str | None = None,
         kv_dtype: str = "auto",
+        decoder: str | None = None,
     ) -> Engine:
         """An engine over a model folder or a built-in model (`toyworld` when None, `tiny`).
 
         Sessions share `pool`, or a pool of `kv_pages` pages (`shared_pool`); with neither, each
         session sizes its own. The pools the engine makes store K/V as `kv_dtype` ("auto": the
         model's dtype; "fp8" / "int8": 8 bits with a scale per page and head); a given `pool`, its own.
+        `decoder`: "vae" or "taehv:PATH" (None: the preset's / model.yaml's `decoder:`).
         """
         if pool is not None and kv_pages is not None:
             raise ValueError("pass pool or kv_pages, not both")
         if pool is not None and kv_dtype != "auto":
             raise ValueError("pass pool or kv_dtype, not both: a pool's spec says how it stores K/V")
-        loaded = load_model(model, dtype=dtype, device=device, attention_backend=attention_backend, quant=quant)
+        loaded = load_model(
+            model, dtype=dtype, device=device, attention_backend=attention_backend, quant=quant, decoder=decoder
+        )
         if kv_pages is not None:
             pool = shared_pool(loaded, kv_pages, kv_dtype)
         return cls(loaded, pool, kv_dtype=None if pool is not None else kv_dtype)

@@ -44,8 +44,11 @@ def load_engine(
     kv_pages: int | None = None,
     quant: str | None = None,
     kv_dtype: str = "auto",
+    decoder: str | None = None,
 ) -> AnyEngine:
     """The engine of a model folder or built-in model (see `Engine.load`), whatever its family."""
+    if decoder not in (None, "vae") and (model is not None and (is_matrixgame_model(model) or magi_folder(model))):
+        raise UserError(f"--decoder {decoder}: Self Forcing / CausVid (Wan) models only for now; leave it out")
     if model is not None and is_matrixgame_model(model):
         if quant not in (None, "none"):
             raise UserError(f"--quant {quant}: Matrix-Game 2.0 runs unquantized for now (Wan-family models quantize)")
@@ -64,6 +67,7 @@ def load_engine(
             kv_pages=kv_pages,
             quant=quant,
             kv_dtype=kv_dtype,
+            decoder=decoder,
         )
     if quant not in (None, "none"):
         raise UserError(f"--quant {quant}: MAGI-1 models run unquantized for now (Wan-family models quantize)")

@@ -35,6 +35,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from inferix.errors import UserError
 from inferix.spec.architectures import PatchVAEConfig
+from inferix.spec.decoders import DecoderChoice, parse_decoder
 from inferix.spec.magi import AnyPreset
 from inferix.spec.presets import (
     BUILTIN_MODELS,
@@ -47,6 +48,8 @@ from inferix.spec.presets import (
 )
 from inferix.spec.sampling import PipelineConfig
 from workers.engine.checkpoint import load_dit, load_into, parse_dtype, seeded_state_dict
+from workers.engine.decoders.select import load_decoder
+from workers.engine.decoders.taehv import TAEHVDecoder
 from workers.engine.models.autoencoders import load_vae
 from workers.engine.models.patch_vae import PatchVAE
 from workers.engine.models.wan.dit import CausalWanDiT
@@ -127,10 +130,24 @@ class LoadedModel(PresetDefaults):
     vae: WanVAE | PatchVAE
     prompt_encoder: PromptEncoder
     source: Path | None  # the model folder; None for built-in random weights
+    # What its sessions decode with (preset / model.yaml `decoder:`, or `--decoder`): the VAE, or TAEHV.
+    decoder_choice: DecoderChoice = dataclasses.field(default_factory=DecoderChoice)
+    taehv: TAEHVDecoder | None = None
 
     @property
     def pipeline_config(self) -> PipelineConfig:
         return self.preset.pipeline
+
+    @property
+    def decoder(self) -> WanVAE | PatchVAE | TAEHVDecoder:
+        """The streaming decoder of every session, its restore and its re-decode (so all decode alike)."""
+        return self.vae if self.taehv is None else self.taehv
+
+    def with_decoder(self, choice: DecoderChoice) -> LoadedModel:
+        """The model with `choice` as its decoder (TAEHV loaded in the VAE's dtype, on its device)."""
+        weight = next(self.vae.parameters())
+        taehv = load_decoder(choice, self.vae, weight.dtype, weight.device)
+        return dataclasses.replace(self, decoder_choice=choice, taehv=taehv)
 
 
 def _file_presets() -> list[ModelPreset]:
@@ -289,6 +306,7 @@ def load_model(
     device: torch.device | str = "cpu",
     attention_backend: str = "auto",
     quant: str | QuantMode | None = None,
+    decoder: str | None = None,
 ) -> LoadedModel:
     """Load the model of a model folder, or a built-in model: ``toyworld`` (the default when ``path``
     is None; trained weights shipped in the package), ``toyworld-play`` (toyworld with a player the
@@ -296,7 +314,26 @@ def load_model(
 
     All three networks get ``dtype`` (fp32 / bf16 / fp16) and ``device``. ``quant`` (`--quant`;
     None: the preset's / model.yaml's) quantizes the DiT's block linears (`workers.engine.quant`).
+    ``decoder`` (`--decoder`, "vae" or "taehv:PATH"; None: the preset's / model.yaml's) picks what
+    decodes the latents (`inferix.spec.decoders`).
     """
+    return _with_decoder(_load_model(path, dtype, device, attention_backend, quant), decoder)
+
+
+def _with_decoder(model: LoadedModel, decoder: str | None) -> LoadedModel:
+    if decoder is not None:
+        return model.with_decoder(parse_decoder(decoder, "--decoder"))
+    where = f"{model.source / MODEL_YAML}: decoder" if model.source is not None else f"preset {model.name}: decoder"
+    return model.with_decoder(parse_decoder(model.preset.decoder, where, relative_to=model.source))
+
+
+def _load_model(
+    path: str | Path | None,
+    dtype: torch.dtype | str,
+    device: torch.device | str,
+    attention_backend: str,
+    quant: str | QuantMode | None,
+) -> LoadedModel:
     weight_dtype = parse_dtype(dtype)
     warn_if_emulated(weight_dtype, device)
     requested = None if quant is None else parse_quant(quant)

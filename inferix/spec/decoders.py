@@ -1,0 +1,52 @@
+"""Which decoder turns a model's latents into frames: its own VAE (the default) or TAEHV.
+
+Spelled ``vae`` or ``taehv:PATH`` (a TAEHV weight file, ``.pth`` or ``.safetensors``) in a preset's or
+``model.yaml``'s ``decoder:`` key and in ``--decoder`` (`inferix generate`, `inferix serve`,
+``python -m workers``). A relative PATH in ``model.yaml`` is inside the model folder; on a command
+line it is relative to the working directory. Torch-free: the control plane parses it too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferix.errors import UserError
+
+__all__ = ["DEFAULT_DECODER", "DecoderChoice", "parse_decoder"]
+
+DEFAULT_DECODER = "vae"
+TAEHV = "taehv"
+FORMS = "'vae' (the model's own VAE) or 'taehv:PATH' (a TAEHV weight file, .pth or .safetensors)"
+
+
+@dataclass(frozen=True)
+class DecoderChoice:
+    """A parsed decoder spelling: ``kind`` "vae" or "taehv", and the TAEHV weight file."""
+
+    kind: str = DEFAULT_DECODER
+    path: Path | None = None
+
+    @property
+    def is_vae(self) -> bool:
+        return self.kind == DEFAULT_DECODER
+
+    def __str__(self) -> str:
+        return self.kind if self.path is None else f"{self.kind}:{self.path}"
+
+
+def parse_decoder(value: str, where: str, relative_to: Path | None = None) -> DecoderChoice:
+    """``value`` as a `DecoderChoice` (`UserError` naming ``where`` if it is neither form).
+
+    ``relative_to``: the folder a relative TAEHV path is in (a model folder); None keeps it as given.
+    """
+    text = str(value).strip()
+    if text == DEFAULT_DECODER:
+        return DecoderChoice()
+    kind, sep, path = text.partition(":")
+    if kind != TAEHV or not sep or not path.strip():
+        raise UserError(f"{where}: unknown decoder {text!r}; use {FORMS}")
+    file = Path(path.strip()).expanduser()
+    if relative_to is not None and not file.is_absolute():
+        file = relative_to / file
+    return DecoderChoice(TAEHV, file)
