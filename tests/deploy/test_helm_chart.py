@@ -837,3 +837,10 @@ def test_autoscaling_bounds_are_checked(tmp_path: Path) -> None:
     broken.write_text("worker:\n  autoscaling:\n    enabled: true\n    minReplicas: 5\n    maxReplicas: 2\n")
     rendered = check_helm.template([broken])
     assert rendered.returncode != 0 and "minReplicas (5) is above maxReplicas (2)" in rendered.stderr, rendered.stderr
+
+
+def test_worker_decoder_is_passed_to_every_worker(render: Render) -> None:
+    # Default: no --decoder, the model folder decides (its VAE unless model.yaml says 'decoder:').
+    assert flag(worker_container(render()), "decoder") is None
+    container = worker_container(render(set=["worker.decoder=taehv:/models/taew2_1.pth"]))
+    assert flag(container, "decoder") == "taehv:/models/taew2_1.pth"
