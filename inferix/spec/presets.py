@@ -22,7 +22,7 @@ import yaml
 from inferix.errors import UserError
 from inferix.spec.action_schema import ActionSchema
 from inferix.spec.architectures import DiTWeights, PatchVAEConfig, UMT5Config, WanDiTConfig, WanVAEConfig
-from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
+from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, PromptSwitchConfig, SamplingConfig
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -79,7 +79,9 @@ class ModelFiles:
 
     ``dit`` lists candidates, the first that exists is used: a checkpoint file or a Wan model
     folder. ``dit_source`` / ``base_source`` tell the user how to get the DiT checkpoint and the
-    Wan2.1 base files (VAE, text encoder, tokenizer) when they are missing.
+    Wan2.1 base files (VAE, text encoder, tokenizer) when they are missing. ``lora`` (candidates
+    too; none by default) is a LoRA adapter merged into the DiT at load, W + lora_alpha / lora_rank
+    * B A (LongLive ships its generator as a base checkpoint plus such an adapter).
     """
 
     dit: tuple[str, ...]
@@ -89,12 +91,23 @@ class ModelFiles:
     dit_weights: DiTWeights = "ema"
     dit_source: str = ""
     base_source: str = ""
+    lora: tuple[str, ...] = ()
+    lora_rank: int = 0
+    lora_alpha: float = 0.0
+    lora_source: str = ""
 
     def __post_init__(self) -> None:
         dit = (self.dit,) if isinstance(self.dit, str) else tuple(self.dit)
         object.__setattr__(self, "dit", dit)
         if not dit or not all(isinstance(p, str) and p for p in dit):
             raise ValueError(f"dit must name at least one checkpoint file or folder, got {self.dit!r}")
+        lora = (self.lora,) if isinstance(self.lora, str) else tuple(self.lora or ())
+        object.__setattr__(self, "lora", tuple(p for p in lora if p))
+        if self.lora and (not isinstance(self.lora_rank, int) or self.lora_rank < 1 or not self.lora_alpha > 0):
+            raise ValueError(
+                f"a LoRA adapter needs lora_rank >= 1 and lora_alpha > 0 (as it was trained), "
+                f"got lora_rank={self.lora_rank!r}, lora_alpha={self.lora_alpha!r}"
+            )
         if self.dit_weights not in get_args(DiTWeights):
             raise ValueError(f"dit_weights must be one of {get_args(DiTWeights)}, got {self.dit_weights!r}")
 
@@ -166,7 +179,7 @@ class ModelPreset:
         except KeyError:
             raise UserError(f"{where}: missing 'name'") from None
         pipeline = _section(data, "pipeline", where)
-        _check_keys(pipeline, ("block", "sampling"), f"{where}: pipeline")
+        _check_keys(pipeline, ("block", "sampling", "prompt_switch"), f"{where}: pipeline")
         sampling = dict(_section(pipeline, "sampling", f"{where}: pipeline"))
         schedule = _build(FlowMatchConfig, sampling.pop("schedule", {}), f"{where}: pipeline.sampling.schedule")
         vae_section = _section(data, "vae", where)
@@ -184,6 +197,11 @@ class ModelPreset:
                         BlockConfig, _section(pipeline, "block", f"{where}: pipeline"), f"{where}: pipeline.block"
                     ),
                     sampling=_build(SamplingConfig, {**sampling, "schedule": schedule}, f"{where}: pipeline.sampling"),
+                    prompt_switch=_build(
+                        PromptSwitchConfig,
+                        pipeline.get("prompt_switch", {}),
+                        f"{where}: pipeline.prompt_switch",
+                    ),
                 ),
                 vae=_call(_vae_config, vae_section, f"{where}: vae"),
                 text_encoder=_call(

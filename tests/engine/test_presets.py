@@ -94,7 +94,7 @@ def test_bad_overrides_are_user_errors_naming_the_place(overrides: dict[str, Any
 
 
 def test_unknown_preset_lists_the_available_ones() -> None:
-    with pytest.raises(UserError, match="available presets: causvid, self-forcing-dmd, tiny"):
+    with pytest.raises(UserError, match="available presets: causvid, longlive, longlive-tiny, self-forcing-dmd, tiny"):
         load_preset("self-forcing")
 
 

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from inferix.errors import CheckpointError, UserError
 from inferix.spec.architectures import DiTWeights, WanDiTConfig
+from workers.engine.lora import LoraAdapter, merge_lora
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.quant import (
     QuantMode,
@@ -470,13 +471,15 @@ def load_dit(
     weights: DiTWeights = "ema",
     attention_backend: str = "auto",
     quant: QuantMode | None = None,
+    adapter: LoraAdapter | None = None,
 ) -> CausalWanDiT:
     """Load a causal Wan DiT from a checkpoint file or a Wan model folder (see the module docstring).
 
     For a folder, the architecture comes from its ``config.json`` (fields it does not set keep
     ``config``'s values); for a file, from ``config``. A quantized checkpoint (`workers.engine.quant`)
     loads as it is; ``quant`` quantizes a full-precision one on load, from its stored values, so
-    that the result equals loading what `inferix quantize` writes from it.
+    that the result equals loading what `inferix quantize` writes from it. ``adapter`` (a LoRA) is
+    merged into the full-precision weights before anything else.
     """
     path = Path(path)
     shard_of: Callable[[str], str | None] | None = None
@@ -489,6 +492,13 @@ def load_dit(
     else:
         state = dit_state_from_checkpoint(read_checkpoint(path, "DiT checkpoint"), path, weights)
     state, stored = stored_quant(state, path, shard_of)
+    if adapter is not None:
+        if stored is not None:
+            raise UserError(
+                f"{path} is quantized; a LoRA adapter ({adapter.path}) merges into full-precision weights: "
+                "merge it first (inferix quantize writes the merged weights and no adapter)"
+            )
+        state = merge_lora(state, read_checkpoint(adapter.path, "LoRA adapter"), adapter)
     mode = run_mode(quant, stored, path)
     check_quant_device(mode.is_fp8, device)
 

@@ -127,6 +127,7 @@ class VideoBlock:
     context_s: float
     decode_s: float
     carry: Tensor | None = None  # MAGI-1: the in-flight window [1, F, C, h, w] after this chunk
+    recached: bool = False  # its prompt switch re-encoded the KV cache before it (a replay re-runs that)
 
     @property
     def total_s(self) -> float:
@@ -144,6 +145,7 @@ class VideoBlock:
             self.prompt,
             () if carry is None else tuple(carry.shape),
             b"" if carry is None else carry.tobytes(),
+            recached=self.recached,
         )
 
 
@@ -283,6 +285,7 @@ class EngineSession:
             denoise_s=block.timings.denoise_s,
             context_s=block.timings.context_s,
             decode_s=decode_s,
+            recached=block.recached,
         )
 
     def __iter__(self) -> Iterator[VideoBlock]:
@@ -309,7 +312,7 @@ class EngineSession:
                 held = parse_held_action(self.schema, list(block.action_keys), [], "committed block action")
                 keys = torch.tensor([held.keyboard_row(self.schema)] * latents.shape[1])
                 self._held = held
-            blocks.append(ReplayBlock(block.start_frame, latents, embeds[block.prompt], keys))
+            blocks.append(ReplayBlock(block.start_frame, latents, embeds[block.prompt], keys, block.recached))
         if from_start:
             self.decode_state = self.decoder.new_decode_state()
             self.next_frame = 0

@@ -50,6 +50,7 @@ from inferix.spec.sampling import PipelineConfig
 from workers.engine.checkpoint import load_dit, load_into, parse_dtype, seeded_state_dict
 from workers.engine.decoders.select import load_decoder
 from workers.engine.decoders.taehv import TAEHVDecoder
+from workers.engine.lora import LoraAdapter
 from workers.engine.models.autoencoders import load_vae
 from workers.engine.models.patch_vae import PatchVAE
 from workers.engine.models.wan.dit import CausalWanDiT
@@ -97,6 +98,7 @@ class ModelDirectory:
     vae: Path
     text_encoder: Path
     tokenizer: Path
+    adapter: LoraAdapter | None = None  # merged into the DiT at load (files.lora)
 
 
 class PresetDefaults:
@@ -215,6 +217,16 @@ def resolve_model_dir(path: str | Path) -> ModelDirectory:
             f"model folder {root}: missing the DiT checkpoint {' or '.join(str(root / f) for f in files.dit)}; "
             f"{_how(files.dit_source, root, 'the checkpoint of ' + preset.name)}"
         )
+    adapter = None
+    if files.lora:
+        lora = next((root / f for f in files.lora if (root / f).is_file()), None)
+        if lora is None:
+            raise UserError(
+                f"model folder {root}: missing the LoRA adapter {' or '.join(str(root / f) for f in files.lora)} "
+                f"that preset {preset.name!r} merges into its DiT; "
+                f"{_how(files.lora_source, root, 'the adapter of ' + preset.name)}"
+            )
+        adapter = LoraAdapter(lora, files.lora_rank, files.lora_alpha)
     return ModelDirectory(
         root=root,
         preset=preset,
@@ -223,6 +235,7 @@ def resolve_model_dir(path: str | Path) -> ModelDirectory:
         vae=_required(root, files.vae, "the VAE weights", base_how),
         text_encoder=_required(root, files.text_encoder, "the text encoder weights", base_how),
         tokenizer=_required(root, files.tokenizer, "the tokenizer folder", base_how),
+        adapter=adapter,
     )
 
 
@@ -361,6 +374,7 @@ def _load_model(
         weights=folder.files.dit_weights,
         attention_backend=attention_backend,
         quant=requested or _preset_quant(preset, folder.root),
+        adapter=folder.adapter,
     )
     if dit.config != preset.dit:  # a Wan model folder's config.json defines the DiT
         try:

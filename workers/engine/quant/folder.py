@@ -73,7 +73,8 @@ def write_quantized_folder(model: str | Path | None, mode: QuantMode, out: Path)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not an empty folder; choose a new path")
     folder = resolve_model_dir(root)
-    dit = load_dit(folder.dit, folder.preset.dit, weights=folder.files.dit_weights)  # as stored
+    # As stored, with a LoRA adapter merged: the folder written holds the merged weights and no adapter.
+    dit = load_dit(folder.dit, folder.preset.dit, weights=folder.files.dit_weights, adapter=folder.adapter)
     if any(isinstance(m, QuantLinear) for m in dit.modules()):
         raise UserError(f"{folder.dit} is quantized already; quantize its full-precision checkpoint")
     source_bytes = weight_bytes(dit)
@@ -87,6 +88,8 @@ def write_quantized_folder(model: str | Path | None, mode: QuantMode, out: Path)
     for key, path in (("vae", folder.vae), ("text_encoder", folder.text_encoder), ("tokenizer", folder.tokenizer)):
         files[key] = path.name
     files.pop("dit_weights", None)  # a flat state dict: no EMA / generator choice
+    if folder.adapter is not None:
+        files["lora"] = []  # merged already (the preset's adapter must not apply twice)
     config["files"], config["quant"] = files, mode.name
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
