@@ -72,7 +72,12 @@ def register(subparsers: Any) -> None:
         metavar='BLOCK:"TEXT"',
         help="switch to TEXT at block BLOCK (repeatable)",
     )
-    parser.add_argument("--recache", action="store_true", help="re-encode cached frames on prompt changes")
+    parser.add_argument(
+        "--recache",
+        action="store_true",
+        help="re-cache the KV cache at prompt changes as LongLive does (a model whose preset sets "
+        "prompt_switch.recache always does)",
+    )
     parser.add_argument("--blocks", type=int, default=7, help="number of blocks to generate (default 7)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--width", type=int, default=None, help="pixels (default: the model's)")

@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
     prompt = commands.add_parser("prompt", help="change the prompt at the next block boundary")
     prompt.add_argument("session_id")
     prompt.add_argument("text")
-    prompt.add_argument("--recache", action="store_true", help="re-encode cached frames under the new prompt")
+    prompt.add_argument("--recache", action="store_true", help="re-cache the KV cache under the new prompt (LongLive)")
     act = commands.add_parser(
         "act", help="hold keys / mouse from the next block boundary on (action-conditioned models, e.g. Matrix-Game)"
     )
