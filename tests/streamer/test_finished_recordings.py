@@ -19,7 +19,7 @@ import pytest
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
 from inferix.mesh.launch import ServiceProcess
 from inferix.viewer_token import ViewerTokens
-from tests.streamer.live import SECRET, start_live_streamer
+from tests.streamer.live import SECRET, start_live_streamer, wait_until
 from tests.streamer.media import Video, pattern
 
 Stub = streamer_pb2_grpc.StreamerServiceStub
@@ -84,6 +84,8 @@ def test_a_restarted_streamer_serves_what_the_last_one_finished(tmp_path: Path) 
             stub.PushFrames(cut.block(0), timeout=30)  # never finished: the streamer dies first
         assert before.frames_sha256 == frames_sha256(done)
         recordings = tmp_path / "recordings"
+        # the encoder thread writes asynchronously: kill once the partial recording is on disk
+        wait_until(lambda: (recordings / "in-progress.mp4.part").is_file(), 10, "the partial recording")
         assert (recordings / "finished-before.mp4.json").is_file()
         assert not (recordings / "in-progress.mp4.json").exists()
 
