@@ -1048,6 +1048,46 @@ def pod_rank(args: argparse.Namespace) -> int:
     return 0
 
 
+def stage_taehv(ctx: Context) -> None:
+    """TAEHV vs the Wan VAE decode: one streamed block of 3 latent frames after a first frame, same latents."""
+    import torch
+
+    from inferix.spec.architectures import WanVAEConfig
+    from workers.engine.decoders.taehv import load_taehv
+    from workers.engine.decoders.taehv_golden import verify_taehv_case
+    from workers.engine.models.wan.vae import WanVAE
+
+    rec = ctx.record
+    case = Path("tests/golden/taew2_1_tiny")
+    if ctx.cuda:  # the golden case on the GPU in fp32: measured, not asserted (cuDNN's conv order is not the CPU's)
+        golden = verify_taehv_case(case, 1e-5, ctx.device, torch.float32)
+        rec.set("golden_fp32_max_abs_diff", max(c.max_abs_diff for c in golden))
+    else:
+        rec.note("the golden case on the CPU is asserted by tests/engine/decoders (inferix verify-golden)")
+    dtype = torch.bfloat16 if ctx.cuda else torch.float32
+    real = ctx.sizes is REAL
+    h, w = ctx.sizes.latent if real else (4, 4)  # 480x832; the dry run only proves the code path
+    dim = 96 if real else 8  # the released Wan VAE; a toy one for the dry run
+    latents = torch.randn(1, 4, 16, h, w, generator=torch.Generator().manual_seed(0)).to(ctx.device, dtype)
+    first, block = latents[:, :1], latents[:, 1:]
+    taehv = load_taehv(case / "taew2_1.pth", dtype=dtype, device=ctx.device)
+    vae = WanVAE(WanVAEConfig(dim=dim)).eval().to(ctx.device, dtype)
+    rec.command(f"TAEHV (taew2_1 layout) vs WanVAE(dim={dim}) decode_block, {ctx.dtype_name}, latent {h}x{w}")
+    figures: dict[str, Any] = {"pixels": f"{8 * h}x{8 * w}", "dtype": ctx.dtype_name, "wan_vae_dim": dim}
+    with torch.no_grad():
+        state = taehv.new_decode_state()
+        taehv.decode_stream(first, state)
+        repeats = 3 if ctx.cuda else 1
+        figures["taehv_ms_per_block"] = timed_ms(lambda: taehv.decode_stream(block, state), ctx.device, repeats)
+        vae_state = vae.new_decode_state()
+        vae.decode_block(first, vae_state)
+        figures["wan_vae_ms_per_block"] = timed_ms(lambda: vae.decode_block(block, vae_state), ctx.device, repeats)
+    figures["speedup"] = figures["wan_vae_ms_per_block"] / figures["taehv_ms_per_block"]
+    if ctx.cuda:
+        figures["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    rec.set("decode", figures)
+
+
 # ---- the driver ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Stage:
@@ -1072,6 +1112,7 @@ STAGES = [
     Stage("engine-speed", "Speed: DiT eager vs --compile vs --cuda-graphs, fill and rolling", stage_engine_speed, 150),
     Stage("quant", "Speed: --quant int8 / fp8 and --kv-dtype fp8 vs unquantized, per block", stage_quant, 120),
     Stage("magi", "Speed: MAGI-1 chunk pipeline, seconds per chunk (4.5B-distill shapes)", stage_magi, 90),
+    Stage("taehv", "Speed: TAEHV tiny decoder vs the Wan VAE decode, one block at 480x832", stage_taehv, 60),
 ]
 SIZES = {s.name: s for s in (REAL, TOY)}
 

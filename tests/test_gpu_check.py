@@ -34,6 +34,7 @@ STAGES = [
     "engine-speed",
     "quant",
     "magi",
+    "taehv",
 ]
 
 
@@ -94,6 +95,8 @@ def test_dry_run_runs_every_stage_and_records_its_figures(tmp_path: Path) -> Non
     assert row["max_abs_diff"] == 0.0  # on a CPU, batched blocks are bit-identical to solo ones
     assert m["magi"]["distill_steady_chunk_s"] > 0 and m["magi"]["video_s_per_chunk"] == 1.0  # 24 frames at 24 fps
     assert m["extras"]["libx264"]["fps"] > 0
+    taehv = m["taehv"]
+    assert taehv["decode"]["taehv_ms_per_block"] > 0 and taehv["decode"]["wan_vae_ms_per_block"] > 0
     speed = m["engine-speed"]
     for mode in ("eager", "compiled", "cuda_graphs"):
         assert speed[mode]["rolling_ms_per_block"] > 0 and speed[mode]["fill_ms_per_block"] > 0, mode
