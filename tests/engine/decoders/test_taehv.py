@@ -143,3 +143,26 @@ def test_bf16_decodes_close_to_fp32() -> None:
     out = bf16.decode_video(latents)
     assert out.dtype == torch.bfloat16
     assert _max_diff(out, fp32.decode_video(latents)) < 0.1
+
+
+def test_a_batch_of_streams_decodes_as_each_stream_alone() -> None:
+    model = load_taehv(CASE / "taew2_1.pth")
+    latents = torch.randn(2, 3, 16, 2, 3, generator=torch.Generator().manual_seed(8))
+    state = model.new_decode_state()
+    batched = torch.cat([model.decode_stream(latents[:, :1], state), model.decode_stream(latents[:, 1:], state)], 1)
+    for i in range(2):
+        assert _max_diff(batched[i : i + 1], model.decode_video(latents[i : i + 1])) <= TOL
+    frames = torch.rand(2, 5, 3, 16, 24, generator=torch.Generator().manual_seed(9))
+    encoded = model.encode_video(frames)
+    for i in range(2):
+        assert _max_diff(encoded[i : i + 1], model.encode_video(frames[i : i + 1])) <= TOL
+
+
+def test_the_encoder_streams_frames_in_any_grouping() -> None:
+    model = load_taehv(CASE / "taew2_1.pth")
+    frames = torch.rand(1, 7, 3, 16, 24, generator=torch.Generator().manual_seed(10))
+    state = model.new_encode_state()
+    parts = [model.encode_stream(frames[:, a:b], state) for a, b in [(0, 3), (3, 4), (4, 7)]]
+    tail = model.flush_encoder(state)  # pads 7 frames to 8 with the last one
+    got = torch.cat([p for p in [*parts, tail] if p is not None], 1)
+    assert _max_diff(got, model.encode_video(frames)) <= TOL
