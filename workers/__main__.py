@@ -164,6 +164,8 @@ def main() -> None:
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     try:
         magi = magi_folder(args.model)
+        if args.decoder not in (None, "vae") and (magi is not None or is_matrixgame_model(args.model)):
+            raise UserError(f"--decoder {args.decoder}: Self Forcing / CausVid (Wan) models only for now")
         if is_matrixgame_model(args.model):
             from workers.engine.matrixgame_engine import load_model as load_matrixgame
 
