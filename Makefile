@@ -24,9 +24,10 @@ system-deps:
 test:
 	$(PYTHON) -m pytest -q
 
-# The logic tests only: no process, external program, multi-rank pod or long run (README "Testing").
+# The logic tests only: no process, external program, multi-rank pod or long run (README "Testing"):
+# -m "not (process or external or multirank or slow)", and a test there that starts a program fails.
 test-fast:
-	$(PYTHON) -m pytest -q -m "not (process or external or multirank or slow)"
+	$(PYTHON) -m pytest -q --fast-tier
 
 lint:
 	ruff check .

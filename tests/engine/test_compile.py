@@ -45,6 +45,7 @@ def step_arguments(dit: CausalWanDiT, call: DiTCall) -> tuple[tuple[Any, ...], d
     return captured[0]
 
 
+@pytest.mark.slow  # torch.compile's inductor: C++ built with g++, tens of seconds on 2 cores
 @pytest.mark.parametrize("frames_per_block", [1, 2])
 def test_a_step_is_one_graph_while_the_window_fills_and_rolls(frames_per_block: int) -> None:
     torch._dynamo.reset()
@@ -79,6 +80,7 @@ def latents(pipeline: BlockDiffusionPipeline, seeds: list[int], num_blocks: int)
     return out
 
 
+@pytest.mark.slow  # torch.compile's inductor: C++ built with g++, tens of seconds on 2 cores
 @pytest.mark.parametrize(
     "block", [BlockConfig(2, WINDOW, SINK), BlockConfig(1)], ids=["window 4, sink 1, blocks of 2", "global"]
 )
@@ -97,6 +99,7 @@ def test_compiled_sessions_equal_eager_ones_and_compile_only_in_the_warm_up(bloc
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow  # torch.compile's inductor: C++ built with g++, tens of seconds on 2 cores
 def test_several_compiled_dits_in_one_process_all_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     """Dynamo files every DiT's graphs under `denoise_step`'s one code object; past its default limit
     of 8 the later DiTs ran eagerly without a word (a bench comparing dtypes did)."""
@@ -109,6 +112,7 @@ def test_several_compiled_dits_in_one_process_all_compile(monkeypatch: pytest.Mo
         assert warm_up(pipeline, LATENT_H, LATENT_W).graphs >= 1, f"the DiT of {layers} layer(s) ran eagerly"
 
 
+@pytest.mark.slow  # torch.compile's inductor: C++ built with g++, tens of seconds on 2 cores
 def test_an_inductor_step_equals_the_eager_step() -> None:
     torch._dynamo.reset()
     dit = tiny_dit()
@@ -144,6 +148,7 @@ def test_batched_forwards_stay_eager() -> None:
         assert len(dit.forward_batch(calls)) == 2
 
 
+@pytest.mark.slow  # torch.compile's inductor: C++ built with g++, tens of seconds on 2 cores
 def test_an_engine_compiles_at_start_up_and_its_sessions_match_eager_ones() -> None:
     torch._dynamo.reset()
     engine = Engine.load("toyworld")
@@ -166,6 +171,7 @@ def test_the_commands_take_compile(command: list[str]) -> None:
     assert not parser.parse_args(command).compile
 
 
+@pytest.mark.slow  # torch.compile's inductor: C++ built with g++, tens of seconds on 2 cores
 def test_an_inductor_step_of_a_quantized_dit_with_8bit_kv_equals_the_eager_step() -> None:
     torch._dynamo.reset()
     dit = quantize_linears(tiny_dit(), parse_quant("int8"))  # oneDNN's int8 GEMM as one opaque op in the graph

@@ -57,7 +57,7 @@ class Clock:
 
 class RegistryKVCache:
     """scheduler.placement.KVCache on kvcache_svc's Registry, as `GrpcKVCache` is over its gRPC API:
-    NO room and an unknown model (RESOURCE_EXHAUSTED, NOT_FOUND there) are `NoRoom` with kvcache_svc's
+    no room and an unknown model (RESOURCE_EXHAUSTED, NOT_FOUND there) are `NoRoom` with kvcache_svc's
     reason; a release of a session holding nothing is no error."""
 
     def __init__(self, registry: Registry) -> None:

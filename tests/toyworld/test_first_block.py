@@ -80,6 +80,7 @@ def test_an_empty_block_gets_its_object_where_the_path_leaned(rollouts: FirstBlo
         assert abs(x - 44.0) <= 4.0 and abs(y - 12.0) <= 4.0  # the centre of the token it leaned to most
 
 
+@pytest.mark.slow  # tiny training runs of the play trainer, three times
 def test_the_first_block_stage_is_seeded_and_resumes_from_a_recovered_folder(tmp_path: Path) -> None:
     tiny = replace(
         PlayConfig(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
+import pytest
 
 from inferix.spec.sizing import session_shape
 from toyworld_lab.evaluate import (
@@ -54,6 +55,7 @@ def following() -> PromptFollowing:
     return prompt_following(Engine(load_model("toyworld")))
 
 
+@pytest.mark.slow  # rolls out the 16 prompts of PROMPT_SET
 def test_the_object_has_the_prompt_colour_for_nine_in_ten_prompts() -> None:
     right = following().colour_right
     assert len(right) == len(PROMPT_SET) == 16
@@ -61,6 +63,7 @@ def test_the_object_has_the_prompt_colour_for_nine_in_ten_prompts() -> None:
     assert sum(right) >= 0.9 * len(right), missed
 
 
+@pytest.mark.slow  # the same rollout of PROMPT_SET (`following`, cached in the process)
 def test_a_colour_change_prompt_takes_within_two_blocks() -> None:
     result = following()
     # Measured 8 of 8 (bench/RESULTS.md); one may miss on another CPU's floating-point rounding.
@@ -76,6 +79,7 @@ MINUTE_SCENES = [
 ]
 
 
+@pytest.mark.slow  # minute-long videos against the simulator
 def test_a_minute_of_video_keeps_its_objects_on_screen_like_the_simulator() -> None:
     generator = Engine(load_model("toyworld"))
     results = [drift(generator, spec, blocks=320, seed=seed) for spec, seed in MINUTE_SCENES]  # 60 s each

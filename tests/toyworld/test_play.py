@@ -120,6 +120,7 @@ def test_shipped_play_weights_are_a_model_folder_of_a_few_megabytes() -> None:
     assert size < 5 * 2**20, f"{size / 2**20:.1f} MiB"
 
 
+@pytest.mark.slow  # 48 trials of the trained model
 def test_a_held_key_moves_the_object_its_way_within_two_blocks() -> None:
     """Issue 25: the object moves the held key's way in at least 90% of the trials. Before the
     first-block rollout stage (`toyworld_lab/first_block.py`) the model lost the object before the

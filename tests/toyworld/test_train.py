@@ -7,6 +7,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 from toyworld_lab.evaluate import generate_blocks, video_stats
@@ -39,6 +40,7 @@ def same(a: dict[str, dict], b: dict[str, dict]) -> bool:
     return all(a[n].keys() == b[n].keys() and all(a[n][k].equal(b[n][k]) for k in a[n]) for n in a)
 
 
+@pytest.mark.slow  # four tiny training runs
 def test_training_is_seeded_and_two_stages_equal_one_run(tmp_path: Path) -> None:
     train(tmp_path / "one", TINY_RUN)
     train(tmp_path / "again", TINY_RUN)
@@ -56,6 +58,7 @@ def test_training_is_seeded_and_two_stages_equal_one_run(tmp_path: Path) -> None
     assert not same(weights(tmp_path / "one"), weights(tmp_path / "other"))
 
 
+@pytest.mark.slow  # a tiny training run first
 def test_a_trained_folder_loads_like_any_model_and_generates(tmp_path: Path) -> None:
     train(tmp_path / "model", TINY_RUN)
     folder = resolve_model_dir(tmp_path / "model")
