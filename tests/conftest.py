@@ -151,7 +151,9 @@ def _audit(event: str, args: tuple[object, ...]) -> None:
             program = args[0] or (command[0] if isinstance(command, list | tuple) and command else command)
         elif event != "os.fork":
             program = args[0]
-        _started.setdefault(_running[-1], []).append(Path(str(program)).name)
+        if isinstance(program, bytes):
+            program = program.decode(errors="replace")
+        _started.setdefault(_running[-1], []).append(Path(str(program).split(" ")[0]).name)
 
 
 @pytest.hookimpl(wrapper=True)
