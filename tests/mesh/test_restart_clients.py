@@ -6,23 +6,31 @@ The real CLI as subprocesses, services SIGKILLed by pid and restarted by serve's
   download` started while the streamer is down waits, says so once on stderr, and gets the same MP4
   (bytes, frame count); GetStreamInfo gives the same frame count and frames SHA-256; a Range request works;
 - `inferix session download` and `inferix session create` started while the scheduler is down (Redis:
-  the session survives) wait and succeed, and the create makes exactly one session.
+  the session survives) wait and succeed, and the create makes exactly one session;
+- a CreateSession whose connection drops after it was sent (the scheduler SIGSTOPped, then SIGKILLed)
+  is reported at once, never retried (it might have created the session), while a GetSession cut off
+  the same way is retried and answered by the restarted scheduler; the AsyncClient's download waits
+  for a restarting streamer as the CLI's does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import pytest
 
-from inferix.client import Client, StateChanged
+from inferix.client import AsyncClient, Client, StateChanged
 from tests.mesh.conftest import KEY_A
 from tests.mesh.test_supervisor import Serve, list_workers, stream_info, wait_until
 from tests.store.redis_server import RedisServer
@@ -33,11 +41,12 @@ BACKOFF_S = "6"  # the supervisor's restart delay: the window in which the CLI m
 NOTICE = re.compile(r"is not answering \((?:UNAVAILABLE|.*Connection refused.*)\); retrying for up to 30 s")
 
 
-@pytest.fixture
-def mesh(tmp_path: Path, redis_server: RedisServer) -> Iterator[Serve]:
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Serve]:
     redis_server.flush(db=9)
     env = {"INFERIX_SERVE_BACKOFF_S": BACKOFF_S}
-    running = Serve(tmp_path / "serve", "--workers", "1", "--rtmp", "off", "--redis-url", redis_server.url(9), env=env)
+    workdir = tmp_path_factory.mktemp("restart-clients") / "serve"
+    running = Serve(workdir, "--workers", "1", "--rtmp", "off", "--redis-url", redis_server.url(9), env=env)
     try:
         yield running
     finally:
@@ -109,3 +118,44 @@ def test_recordings_and_cli_commands_survive_restarts(mesh: Serve, tmp_path: Pat
     with Client(mesh.address, api_key=KEY_A, timeout=60) as client:
         sessions = [s.session_id for s in client.list_sessions() if s.seed == 77]
     assert sessions == [created]  # one session, not one per attempt
+
+
+def test_a_call_cut_off_mid_way_is_retried_only_when_idempotent(mesh: Serve, tmp_path: Path) -> None:
+    wait_until(lambda: set(list_workers(mesh.kvcache)) == {"worker0"}, 60, "the worker registered")
+    notices: list[str] = []
+    with Client(mesh.address, api_key=KEY_A, timeout=60, on_wait=notices.append) as client:
+        info = client.create_session("a green cube", num_blocks=2, seed=88)
+        assert [e.state for e in client.events(info.session_id) if isinstance(e, StateChanged)][-1] == "completed"
+        # the scheduler stops answering with the calls sent on an open connection, then dies
+        scheduler = mesh.pid_of("scheduler")
+        line = len(mesh.stdout)
+        mesh.note_children()
+        os.kill(scheduler, signal.SIGSTOP)
+        with ThreadPoolExecutor(2) as pool:
+            creating = pool.submit(client.create_session, "a green cube", num_blocks=2, seed=89)
+            getting = pool.submit(client.get_session, info.session_id)
+            time.sleep(1.0)
+            os.kill(scheduler, signal.SIGKILL)
+            killed_at = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                creating.result(timeout=60)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - killed_at < 5  # reported, not retried for 30 s
+            assert getting.result(timeout=60).state == "completed"  # retried: answered after the restart
+        mesh.wait_for_line(r"^scheduler restarted: ", start=line, timeout=5)
+        assert len(notices) == 1 and "the scheduler at" in notices[0], notices
+        assert [s for s in client.list_sessions() if s.seed == 89] == []  # the cut-off create never ran
+        final = client.get_session(info.session_id)
+
+    # the AsyncClient's download waits for a restarting streamer too
+    line = kill(mesh, "streamer")
+    waited: list[str] = []
+
+    async def download() -> Path:
+        async with AsyncClient(mesh.address, api_key=KEY_A, timeout=60, on_wait=waited.append) as client:
+            return await client.download_recording(final, tmp_path / "async.mp4")
+
+    recording = asyncio.run(download())
+    mesh.wait_for_line(r"^streamer restarted: ", start=line, timeout=5)
+    assert len(waited) == 1 and "the streamer at http://" in waited[0], waited
+    assert ffprobe(recording)["nb_read_frames"] == "6"
