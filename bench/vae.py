@@ -403,7 +403,7 @@ def run_taehv(args: argparse.Namespace) -> list[TaehvRow]:
             dit_s = None if args.taehv_skip_dit else _dit_block_seconds((h, w), dtype, args.block_frames)
             diff = (ours_out.float() - walked.float()).abs().max().item()
             rows.append(TaehvRow((h, w), dtype_name, ours_out.shape[1], wan_s, ours_s, framewise_s, dit_s, diff))
-            print(f"  done {8 * h}x{8 * w} {dtype_name}", flush=True)
+            print(f"  row: {rows[-1]}", flush=True)  # the whole table comes at the end; a cut run keeps these
     return rows
 
 
