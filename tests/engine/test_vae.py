@@ -20,8 +20,8 @@ from workers.engine.models.wan.vae import WanVAE, to_unit_range
 TINY = WanVAEConfig(dim=4, num_res_blocks=1)
 
 
-def test_all_three_golden_cases_are_present() -> None:
-    assert GOLDEN_CASES == ["causvid_tiny", "selfforcing_tiny_global", "selfforcing_tiny_rolling"]
+def test_every_wan_golden_case_is_present() -> None:
+    assert GOLDEN_CASES == ["causvid_tiny", "longlive_tiny", "selfforcing_tiny_global", "selfforcing_tiny_rolling"]
 
 
 def read_golden(case: str) -> tuple[dict[str, Any], dict[str, Tensor]]:
