@@ -42,7 +42,7 @@ def add_scheduler_address_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--retry-s",
         type=float,
-        default=float(retry_s) if retry_s else None,
+        default=retry_s or None,  # a string default goes through `type`: a bad env value is a usage error
         help=f"seconds to keep retrying a scheduler or streamer that is restarting (refusing connections) "
         f"before giving up; 0 = fail at once (env INFERIX_RETRY_S; default {DEFAULT_RETRY_S:g}, and 120 between "
         "the events of `session watch`)",
