@@ -36,7 +36,7 @@ lint:
 	mypy inferix workers scheduler streamer kvcache_svc lvbench toyworld_lab
 	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py \
 		bench/streaming.py bench/service_deps.py bench/batching.py bench/magi.py bench/precision.py bench/quant.py \
-		bench/play_latency.py bench/capacity.py bench/drain.py
+		bench/play_latency.py bench/capacity.py bench/drain.py bench/served.py
 	mypy scripts/gpu_check.py
 	$(MAKE) --no-print-directory buf-lint docker-lint helm-lint
 
@@ -58,6 +58,7 @@ bench:
 	$(PYTHON) bench/service_deps.py --startup
 	$(PYTHON) bench/capacity.py
 	$(PYTHON) bench/drain.py
+	$(PYTHON) bench/served.py
 
 # Train the toyworld model from scratch on the CPU (seeded; ~50 min on 2 free cores).
 train-toyworld:

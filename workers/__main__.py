@@ -6,10 +6,17 @@ serves gRPC and drives the others (see `workers/pod.py`).
 
 from __future__ import annotations
 
+import os
+
+# Before torch loads its OpenMP runtime: a worker shares its cores with its own event loop and gRPC
+# threads (and, under `inferix serve`, with the other services). OpenMP threads that spin while they
+# wait starve those threads and each other: a 2-thread CPU worker on a busy 2-core machine ran tens
+# of times slower spinning than sleeping (bench/served.py). The bits computed do not change.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import socket
 import sys
