@@ -215,6 +215,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 )
         except UserError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except KVCapacityError as exc:  # e.g. a window longer than this worker's whole pool
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         events = await self._restore(video, request.session_id)
         session = _Session(video, self._streamer(request.streamer_address), self.model.fps, events=events)
         self.sessions[request.session_id] = session
