@@ -290,14 +290,24 @@ def _grow(x: Tensor, module: TGrow, n: int, t: int) -> Tensor:
     return nhwc.reshape(n * t * s, h, w, c).permute(0, 3, 1, 2)
 
 
-def _run(steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None]) -> Tensor | None:
+# Activations larger than this go through the remaining layers a few time steps at a time (memory
+# carried between the chunks exactly as between blocks): a whole block of full-resolution frames
+# (1.2 GB per tensor at 480x832) costs more in page faults and memory traffic than batching saves.
+CHUNK_BYTES = 32 * 2**20
+
+
+def _run(steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None], first: int = 0) -> Tensor | None:
     """Run `x` [n * T, C, H, W] (sample-major, time inside) through `steps`, updating `memory`.
 
-    Every layer takes all of the block's time steps at once. None when a TPool has not yet gathered
-    enough steps to give one (its pending steps stay in `memory`).
+    Every layer takes all of the block's time steps at once, until the activations pass
+    `CHUNK_BYTES`: the rest of the layers then run on chunks of time steps in order. None when a
+    TPool has not yet gathered enough steps to give one (its pending steps stay in `memory`).
     """
-    for index, step in enumerate(steps):
+    for index in range(first, len(steps)):
+        step = steps[index]
         t = x.shape[0] // n
+        if t > 1 and x.numel() * x.element_size() > CHUNK_BYTES:
+            return _run_chunked(steps, x, n, memory, index)
         module = step.module
         if step.kind is _Kind.MEMORY:
             last = x[t - 1 :: t]  # [n, C, H, W]: each sample's last step, the next block's past
@@ -332,6 +342,25 @@ def _run(steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None]) -> 
         else:
             x = module(x)
     return x
+
+
+def _run_chunked(steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None], first: int) -> Tensor | None:
+    """`_run` from step `first` on, a chunk of time steps at a time (each chunk's memory feeds the next)."""
+    t = x.shape[0] // n
+    per_step = x.numel() * x.element_size() // (n * t)
+    size = max(1, CHUNK_BYTES // max(1, n * per_step))
+    c, h, w = x.shape[1:]
+    frames = x.reshape(n, t, c, h, w)
+    outputs = []
+    for start in range(0, t, size):
+        chunk = frames[:, start : start + size].reshape(-1, c, h, w).contiguous(memory_format=_format_of(x))
+        y = _run(steps, chunk, n, memory, first)
+        if y is not None:
+            outputs.append(y.reshape(n, -1, *y.shape[1:]))
+    if not outputs:
+        return None
+    y = torch.cat(outputs, 1)
+    return y.reshape(-1, *y.shape[2:]).contiguous(memory_format=_format_of(outputs[0][:, 0]))
 
 
 def _format_of(x: Tensor) -> torch.memory_format:
