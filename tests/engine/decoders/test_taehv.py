@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from inferix.errors import CheckpointError
+from workers.engine.decoders import taehv
 from workers.engine.decoders.taehv import TAEHVDecoder, TAEHVLayout, load_taehv, random_taehv_state
 from workers.engine.decoders.taehv_framewise import FramewiseDecoder
 from workers.engine.decoders.taehv_golden import verify_taehv_case
@@ -166,3 +167,13 @@ def test_the_encoder_streams_frames_in_any_grouping() -> None:
     tail = model.flush_encoder(state)  # pads 7 frames to 8 with the last one
     got = torch.cat([p for p in [*parts, tail] if p is not None], 1)
     assert _max_diff(got, model.encode_video(frames)) <= TOL
+
+
+def test_large_activations_run_in_chunks_of_time_steps_with_the_same_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = load_taehv(CASE / "taew2_1.pth")
+    latents = torch.randn(1, 4, 16, 2, 3, generator=torch.Generator().manual_seed(11))
+    frames = torch.rand(1, 8, 3, 16, 24, generator=torch.Generator().manual_seed(12))
+    whole, encoded = model.decode_video(latents), model.encode_video(frames)
+    monkeypatch.setattr(taehv, "CHUNK_BYTES", 4096)  # every layer past the first few runs a step or two at a time
+    assert _max_diff(model.decode_video(latents), whole) <= TOL
+    assert _max_diff(model.encode_video(frames), encoded) <= TOL
