@@ -43,6 +43,8 @@ block of ``--block-frames`` latent frames (the Wan VAE once: it is slow; the TAE
 through each layer together (channels-last, TGrow before the upsample, upsample+conv as 2x2 phase
 convs); and "framewise", a faithful reference-style walk of one time step through every layer in
 the default layout (workers/engine/decoders/taehv_framewise.py), the baseline of the >= 1.5x target.
+Decoder times are CPU seconds of the (one-thread) process, robust to other work on shared cores;
+the DiT's are the engine's own wall-clock phase timings.
 The share of a block adds the engine bench's DiT (denoising steps + context pass per block, same
 dtype, min over the blocks after the first of one session) at the same latent size. TAEHV weights:
 the golden case's taew2_1.pth (released layout, 11.3 M parameters; speed does not depend on values).
@@ -365,9 +367,11 @@ def _dit_block_seconds(latent_hw: tuple[int, int], dtype: torch.dtype, block_fra
 
 
 def _timed(fn: Callable[[], Tensor]) -> tuple[Tensor, float]:
-    began = time.perf_counter()
+    # CPU time of this process, not wall time: on one thread it is the work done, whatever else runs on
+    # the cores (a shared machine's load doubled wall times between runs here; see RESULTS.md).
+    began = time.process_time()
     out = fn()
-    return out, time.perf_counter() - began
+    return out, time.process_time() - began
 
 
 def run_taehv(args: argparse.Namespace) -> list[TaehvRow]:
