@@ -29,7 +29,6 @@ import grpc
 from inferix.errors import UserError
 from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
 from inferix.spec.magi import is_magi_preset, magi_presets
-from inferix.spec.matrixgame import is_matrixgame_model
 from workers.engine.batching import CPU_MAX_TOKENS, CUDA_MAX_TOKENS
 from workers.pod import add_parallel_arguments, rank, world_size
 
@@ -153,8 +152,9 @@ def main() -> None:
         raise SystemExit(f"--realtime-streams must be >= 0 (0: measured), got {args.realtime_streams}")
     import torch
 
+    from workers.engine.capabilities import MAGI, MATRIXGAME, EngineRequest, check
     from workers.engine.checkpoint import parse_dtype
-    from workers.engine.families import magi_folder
+    from workers.engine.families import family_capabilities, magi_folder
     from workers.engine.model_dir import load_model
     from workers.engine.models.magi.loader import load_magi_model, magi_preset_of
     from workers.pod import run_worker_pod
@@ -170,22 +170,23 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     try:
-        magi = magi_folder(args.model)
-        if args.decoder not in (None, "vae") and (magi is not None or is_matrixgame_model(args.model)):
-            raise UserError(f"--decoder {args.decoder}: Self Forcing / CausVid (Wan) models only for now")
-        if is_matrixgame_model(args.model):
+        family = family_capabilities(args.model)
+        request = EngineRequest(
+            quant=args.quant,
+            kv_dtype=args.kv_dtype,
+            decoder=args.decoder,
+            pod=pod,
+            compile=args.compile,
+            cuda_graphs=args.cuda_graphs,
+        )
+        check(family, request)  # before minutes of loading
+        if family is MATRIXGAME:
             from workers.engine.matrixgame_engine import load_model as load_matrixgame
 
-            if pod:
-                raise UserError("Matrix-Game 2.0 does not run as a sequence-parallel pod: start it on one device")
-            if args.quant not in (None, "none"):
-                raise UserError(f"--quant {args.quant}: Matrix-Game 2.0 models run unquantized")
             serve(args, load_matrixgame(args.model, dtype=dtype, device=args.device))
-        elif magi is not None:
-            if pod:
-                raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
-            if args.quant not in (None, "none"):
-                raise UserError(f"--quant {args.quant}: MAGI-1 models run unquantized for now")
+        elif family is MAGI:
+            magi = magi_folder(args.model)
+            assert magi is not None
             if not is_magi_preset(magi_preset_of(magi).name):  # checked before minutes of loading
                 raise UserError(
                     f"{magi}: the mesh knows models by preset name; write model.yaml with 'preset: <name>' "
@@ -193,10 +194,6 @@ def main() -> None:
                 )
             serve(args, load_magi_model(magi, parse_dtype(dtype), args.device))
         elif pod:
-            if args.compile or args.cuda_graphs:
-                raise UserError(
-                    "--compile / --cuda-graphs: a sequence-parallel pod runs its DiT eagerly; start it without them"
-                )
             run_worker_pod(args, dtype, lambda model, driver: serve(args, model, driver))
             exit_shut_down_rank()
         else:

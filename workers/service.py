@@ -58,6 +58,7 @@ from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from workers import metrics
 from workers.capacity import CapacityMeter, RecentSpeed
 from workers.engine.batching import BatchJob
+from workers.engine.capabilities import EngineRequest, check
 from workers.engine.engine import Engine, EngineSession, VideoBlock, shared_pool
 from workers.engine.kv.errors import KVCapacityError
 from workers.engine.kv.pool import KVPool
@@ -126,35 +127,23 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.config = config
         self.engine: Engine | MagiEngine | MatrixGameEngine
         if isinstance(model, MatrixGameModel):
-            if driver is not None:
-                raise UserError("Matrix-Game 2.0 does not run as a sequence-parallel pod: start one device")
-            if config.kv_dtype != "auto":
-                raise UserError(f"--kv-dtype {config.kv_dtype}: Matrix-Game 2.0 keeps its KV in the model's dtype")
             self.engine = MatrixGameEngine(model, kv_pages=config.kv_pages)
         elif isinstance(model, MagiModel):
-            if driver is not None:
-                raise UserError("MAGI-1 does not run as a sequence-parallel pod yet: start the worker on one device")
-            if config.kv_dtype != "auto":
-                raise UserError(f"--kv-dtype {config.kv_dtype}: MAGI-1 keeps its KV cache in the model's dtype")
             self.engine = MagiEngine(model, kv_pages=config.kv_pages)
         elif driver is None:
             self.engine = Engine(model, shared_pool(model, config.kv_pages, config.kv_dtype))
-        elif config.kv_dtype != "auto":
-            raise UserError(
-                f"--kv-dtype {config.kv_dtype}: a sequence-parallel pod keeps its KV cache in the model's dtype"
-            )
         else:  # the pod's pool was built on every rank with the pod (rank 0's shard here)
             self.engine = Engine(model, driver=driver)
-        if config.compile and config.cuda_graphs:
-            raise UserError("--cuda-graphs: Wan-family models without --compile (choose one of the two)")
+        request = EngineRequest(
+            kv_dtype=config.kv_dtype, pod=driver is not None, compile=config.compile, cuda_graphs=config.cuda_graphs
+        )
+        check(self.engine.capabilities, request)
         if config.compile:
-            if not isinstance(self.engine, Engine):
-                raise UserError("--compile: MAGI-1 and Matrix-Game 2.0 run eagerly (Wan-family text models compile)")
+            assert isinstance(self.engine, Engine)  # the only family whose capabilities say it compiles
             warm = self.engine.compile()  # before the capacity probe, which then measures compiled blocks
             log.info("compiled the DiT step: %d graph(s) in %.1f s", warm.graphs, warm.seconds)
         if config.cuda_graphs:
-            if not isinstance(self.engine, Engine):
-                raise UserError("--cuda-graphs: Wan-family text models only (MAGI-1 and Matrix-Game 2.0 run eagerly)")
+            assert isinstance(self.engine, Engine)
             warm = self.engine.use_cuda_graphs()
             log.info("captured the DiT step's CUDA graphs in %.1f s", warm.seconds)
         pool = self.engine.pool
@@ -192,7 +181,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             open_session = self.sessions[request.session_id]
             async with open_session.lock:
                 return self._opened(open_session, request.announced_blocks)
-        world = isinstance(self.engine, MatrixGameEngine)
+        world = self.engine.capabilities.starts_from == "image"
         if world and not spec.image:
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, f"spec.image: model {self.model.name!r} needs a start image"
@@ -400,7 +389,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         """
         # Pinned: one probe session still measures the block latency and budget that are reported.
         limit = min(self.config.capacity_probe_streams, 1 if self.config.realtime_streams else 1 << 30)
-        if isinstance(self.engine, MagiEngine | MatrixGameEngine):  # blocks run whole, one at a time: no batch sizes
+        if not self.engine.capabilities.batching:  # blocks run whole, one at a time: no batch sizes
             limit = min(limit, 1)
         began = time.perf_counter()
         n = 1
@@ -413,7 +402,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
 
     def _probe_start(self) -> str | np.ndarray:
         """What a probe session starts from: a prompt, or a mid-gray start image at the native size."""
-        if isinstance(self.engine, MatrixGameEngine):
+        if self.engine.capabilities.starts_from == "image":
             return np.full((self.model.height, self.model.width, 3), 128, dtype=np.uint8)
         return "capacity probe"
 

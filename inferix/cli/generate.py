@@ -11,16 +11,14 @@ from typing import Any
 
 from inferix.errors import UserError
 from inferix.spec import parse_prompt_schedule
-from inferix.spec.matrixgame import TINY_MODEL, is_matrixgame_model
+from inferix.spec.matrixgame import TINY_MODEL
 from inferix.spec.presets import DEFAULT_MODEL
 
-# Flags that Matrix-Game 2.0 (no text, eager only) refuses when set, with why.
-_WORLD_REFUSES = {
-    "prompt": "Matrix-Game 2.0 takes no text; steer it with --actions",
-    "prompt_at": "Matrix-Game 2.0 takes no text; steer it with --actions",
-    "recache": "Matrix-Game 2.0 takes no text prompts to re-cache",
-    "compile": "Matrix-Game 2.0 runs eagerly (Wan-family models compile)",
-    "cuda_graphs": "Matrix-Game 2.0 runs eagerly (Wan-family models replay CUDA graphs)",
+# Flags that a model started from an image (Matrix-Game 2.0: no text) refuses when set, with why.
+_IMAGE_MODEL_REFUSES = {
+    "prompt": "takes no text; steer it with --actions",
+    "prompt_at": "takes no text; steer it with --actions",
+    "recache": "takes no text prompts to re-cache",
 }
 
 
@@ -129,11 +127,22 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--blocks must be at least 1, got {args.blocks}")
     if args.out.suffix.lower() != ".mp4":
         raise UserError(f"--out must end in .mp4, got {args.out}")
-    world = is_matrixgame_model(args.model)
-    if world:
-        for flag, why in _WORLD_REFUSES.items():
+    from workers.engine.capabilities import EngineRequest, check
+    from workers.engine.families import family_capabilities
+
+    family = family_capabilities(args.model)
+    request = EngineRequest(
+        quant=args.quant,
+        kv_dtype=args.kv_dtype,
+        decoder=args.decoder,
+        compile=args.compile,
+        cuda_graphs=args.cuda_graphs,
+    )
+    if family.starts_from == "image":
+        for flag, why in _IMAGE_MODEL_REFUSES.items():
             if getattr(args, flag) not in (None, False, []):
-                raise UserError(f"--{flag.replace('_', '-')}: {why}")
+                raise UserError(f"--{flag.replace('_', '-')}: {family.name} {why}")
+        check(family, request)
         schedule = []
     else:
         if args.image is not None:
@@ -141,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         if args.prompt is None:
             raise UserError("the following arguments are required: --prompt")
         schedule = parse_prompt_schedule(args.prompt, args.prompt_at, args.recache, num_blocks=args.blocks)
+        check(family, request)
 
     import numpy as np
     import torch
@@ -169,16 +179,12 @@ def run(args: argparse.Namespace) -> int:
     )
     model = engine.model
     width, height = args.width or model.width, args.height or model.height
-    if args.compile and args.cuda_graphs:
-        raise UserError("--cuda-graphs: Wan-family models without --compile (choose one of the two)")
     if args.compile:
-        if not isinstance(engine, Engine):
-            raise UserError("--compile: MAGI-1 runs eagerly (Wan-family models compile)")
+        assert isinstance(engine, Engine)  # checked above: the only family that compiles
         warm = engine.compile(width=width, height=height, num_blocks=args.blocks)
         print(f"compiled the DiT step: {warm.graphs} graph(s) in {warm.seconds:.1f} s", file=sys.stderr)
     if args.cuda_graphs:
-        if not isinstance(engine, Engine):
-            raise UserError("--cuda-graphs: Wan-family models only (MAGI-1 runs eagerly)")
+        assert isinstance(engine, Engine)
         warm = engine.use_cuda_graphs(width=width, height=height, num_blocks=args.blocks)
         print(f"captured the DiT step's CUDA graphs in {warm.seconds:.1f} s", file=sys.stderr)
     changes = {c.at_block: c for c in schedule[1:]}

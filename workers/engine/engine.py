@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -48,6 +48,7 @@ from inferix.spec.actions import ActionTrack, HeldAction, parse_held_action
 from inferix.spec.blocks import CommittedBlock
 from inferix.spec.sizing import native_latent_size
 from workers.engine.batching import BlockBatcher, ForwardStats
+from workers.engine.capabilities import WAN, Capabilities
 from workers.engine.compiled import CompileOptions, WarmUp, compile_dit, warm_up
 from workers.engine.cuda_graphs import use_cuda_graphs
 from workers.engine.kv.pool import KVPool, SessionUsage
@@ -379,6 +380,8 @@ class Engine:
     open on every rank of the pod. `kv_dtype` is how every pool the engine makes stores K/V (see
     `KVPoolSpec`); by default that of `pool`, else "auto".
     """
+
+    capabilities: ClassVar[Capabilities] = WAN
 
     def __init__(
         self,

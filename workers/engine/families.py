@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from inferix.errors import UserError
 from inferix.spec.matrixgame import is_matrixgame_model
+from workers.engine.capabilities import MAGI, MATRIXGAME, WAN, Capabilities, EngineRequest, check
 from workers.engine.checkpoint import parse_dtype
 from workers.engine.engine import Engine
 from workers.engine.magi_engine import MagiEngine
@@ -22,7 +22,7 @@ from workers.engine.matrixgame_engine import MatrixGameEngine
 from workers.engine.model_dir import builtin_model_name
 from workers.engine.models.magi.loader import is_magi_folder, load_magi_model
 
-__all__ = ["AnyEngine", "load_engine", "magi_folder"]
+__all__ = ["AnyEngine", "family_capabilities", "load_engine", "magi_folder"]
 
 AnyEngine = Engine | MagiEngine | MatrixGameEngine
 
@@ -33,6 +33,14 @@ def magi_folder(model: str | Path | None) -> Path | None:
         return None
     path = Path(model).expanduser()
     return path if path.is_dir() and is_magi_folder(path) else None
+
+
+def family_capabilities(model: str | Path | None) -> Capabilities:
+    """What the family of `model` (a folder or built-in name; None: the default) can do, known before
+    anything loads, so that an option it refuses costs no load time."""
+    if model is not None and is_matrixgame_model(model):
+        return MATRIXGAME
+    return MAGI if magi_folder(model) is not None else WAN
 
 
 def load_engine(
@@ -47,18 +55,16 @@ def load_engine(
     decoder: str | None = None,
 ) -> AnyEngine:
     """The engine of a model folder or built-in model (see `Engine.load`), whatever its family."""
-    if decoder not in (None, "vae") and (model is not None and (is_matrixgame_model(model) or magi_folder(model))):
-        raise UserError(f"--decoder {decoder}: Self Forcing / CausVid (Wan) models only for now; leave it out")
-    if model is not None and is_matrixgame_model(model):
-        if quant not in (None, "none"):
-            raise UserError(f"--quant {quant}: Matrix-Game 2.0 runs unquantized for now (Wan-family models quantize)")
-        if kv_dtype != "auto":
-            raise UserError("--kv-dtype is not supported for Matrix-Game 2.0 yet; leave it at 'auto'")
+    family = family_capabilities(model)
+    check(family, EngineRequest(quant=quant, kv_dtype=kv_dtype, decoder=decoder))
+    if family is MATRIXGAME:
+        assert model is not None  # the default model is a Wan one
         return MatrixGameEngine.load(
             model, dtype=dtype, device=device, attention_backend=attention_backend, kv_pages=kv_pages
         )
     folder = magi_folder(model)
     if folder is None:
+        assert family is WAN
         return Engine.load(
             model,
             dtype=dtype,
@@ -69,9 +75,5 @@ def load_engine(
             kv_dtype=kv_dtype,
             decoder=decoder,
         )
-    if quant not in (None, "none"):
-        raise UserError(f"--quant {quant}: MAGI-1 models run unquantized for now (Wan-family models quantize)")
-    if kv_dtype != "auto":
-        raise UserError("--kv-dtype is not supported for MAGI-1 yet; leave it at 'auto'")
     loaded = load_magi_model(folder, parse_dtype(dtype), device)
     return MagiEngine(loaded, kv_pages=kv_pages)

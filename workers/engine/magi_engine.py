@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from inferix.errors import UserError
 from inferix.profiling import profile
 from inferix.spec.blocks import CommittedBlock
 from workers.engine.batching import BlockBatcher, default_max_tokens
+from workers.engine.capabilities import MAGI, Capabilities
 from workers.engine.chunk_pipeline import ChunkPipeline, ReplayChunk, SeededChunkNoise
 from workers.engine.engine import VideoBlock
 from workers.engine.kv.pool import KVPool, SessionUsage
@@ -231,6 +232,8 @@ class MagiSession:
 
 class MagiEngine:
     """A loaded MAGI-1 plus its chunk pipeline and KV pool."""
+
+    capabilities: ClassVar[Capabilities] = MAGI
 
     def __init__(self, model: MagiModel, pool: KVPool | None = None, kv_pages: int | None = None) -> None:
         """Sessions share `pool`, or a pool of `kv_pages` pages of one latent frame at the model's native

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ from inferix.spec.blocks import CommittedBlock
 from inferix.spec.matrixgame import TINY_MODEL, ActionSchema, MatrixGamePreset
 from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
 from workers.engine.batching import BlockBatcher, default_max_tokens
+from workers.engine.capabilities import MATRIXGAME, Capabilities
 from workers.engine.checkpoint import parse_dtype
 from workers.engine.engine import VideoBlock, committed_latents, to_uint8_frames
 from workers.engine.kv.pool import KVPool, SessionUsage
@@ -255,6 +256,8 @@ class MatrixGameSession:
 
 class MatrixGameEngine:
     """A loaded Matrix-Game 2.0 plus its sampler; opens `MatrixGameSession`s."""
+
+    capabilities: ClassVar[Capabilities] = MATRIXGAME
 
     def __init__(self, model: MatrixGameModel, kv_pages: int | None = None) -> None:
         """Sessions share a pool of `kv_pages` pages (one latent frame each, at the model's native size),
