@@ -37,7 +37,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from toyworld_lab.world import SceneSpec
-from workers.engine.golden import GoldenCase, _recorded_noise, find_cases, is_wan_case
+from workers.engine.golden import GoldenCase, _recorded_noise, find_cases
+from workers.engine.golden_kinds import is_wan_case
 from workers.engine.model_dir import TOYWORLD_WEIGHTS, load_model
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.noise import NoiseSource, SeededNoise

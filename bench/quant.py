@@ -51,7 +51,8 @@ from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from inferix.spec.sizing import native_latent_size
 from toyworld_lab.evaluate import generate_blocks, video_stats
 from workers.engine.engine import Engine
-from workers.engine.golden import GoldenCase, find_cases, is_wan_case
+from workers.engine.golden import GoldenCase, find_cases
+from workers.engine.golden_kinds import is_wan_case
 from workers.engine.kv.pool import KV_DTYPES, KVPool, KVPoolSpec
 from workers.engine.model_dir import LoadedModel, load_model
 from workers.engine.models.wan.dit import CausalWanDiT

@@ -75,7 +75,8 @@ from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from workers.engine.decoders.taehv import TAEHV, load_taehv
 from workers.engine.decoders.taehv_framewise import FramewiseDecoder
-from workers.engine.golden import find_cases, is_wan_case
+from workers.engine.golden import find_cases
+from workers.engine.golden_kinds import is_wan_case
 from workers.engine.models.autoencoders import load_vae
 from workers.engine.models.wan.dit import CausalWanDiT
 from workers.engine.models.wan.vae import WanVAE

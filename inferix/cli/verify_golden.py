@@ -46,10 +46,8 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from workers.engine.checkpoint import parse_dtype
-    from workers.engine.decoders.taehv_golden import is_taehv_case, verify_taehv_case
-    from workers.engine.golden import find_cases, verify_case
-    from workers.engine.magi_golden import is_magi_case, verify_magi_case
-    from workers.engine.matrixgame_golden import is_matrixgame_case, verify_matrixgame_case
+    from workers.engine.golden import find_cases
+    from workers.engine.golden_kinds import kind_of
 
     torch.set_num_threads(args.threads)
     dtype = parse_dtype(args.dtype)
@@ -69,23 +67,14 @@ def run(args: argparse.Namespace) -> int:
     cases = find_cases(args.directory, device, dtype)
     reference_setting = device.type == "cpu" and dtype == torch.float32
     for case in cases:
-        magi, matrixgame = is_magi_case(case), is_matrixgame_case(case)
-        family = "MAGI-1" if magi else "Matrix-Game 2.0" if matrixgame else None
-        if family is not None and not reference_setting:
-            why = f"{family} cases run on the CPU in fp32 (as the reference)"
+        kind = kind_of(case)
+        if kind.reference_only and not reference_setting:
+            why = f"{kind.name} cases run on the CPU in fp32 (as the reference)"
             if len(cases) == 1:
                 raise UserError(f"{case.folder}: {why}")
             print(f"skipped {case.name}: {why}", file=sys.stderr)  # a folder of cases: the others still run
             continue
-        if is_taehv_case(case.config):  # the TAEHV decoder alone: weights file, latents, frames
-            comparisons = verify_taehv_case(case.folder, args.tolerance, device, dtype)
-        elif magi:
-            comparisons = verify_magi_case(case.folder)
-        elif matrixgame:
-            comparisons = verify_matrixgame_case(case.folder, args.tolerance)
-        else:
-            comparisons = verify_case(case, args.tolerance)
-        for comparison in comparisons:
+        for comparison in kind.verify(case, args.tolerance):
             total += 1
             failed += not comparison.passed
             if args.json:

@@ -11,7 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from inferix.cli.main import main
 from tests.conftest import GOLDEN_CASES, GOLDEN_DIR
-from workers.engine.golden import find_cases, is_wan_case
+from workers.engine.golden import find_cases
+from workers.engine.golden_kinds import is_wan_case
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES)

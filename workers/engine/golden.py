@@ -137,12 +137,6 @@ def is_matrixgame_case(case: GoldenCase) -> bool:
     return "action_config" in case.config.get("dit_config_json", {})
 
 
-def is_wan_case(case: GoldenCase) -> bool:
-    """Whether the case is a Wan text-to-video one (Self Forcing, CausVid), the layout `GoldenCase`
-    reads; MAGI-1, Matrix-Game and TAEHV decoder folders (a ``layout`` entry) have layouts of their own."""
-    return not is_magi_case(case) and not is_matrixgame_case(case) and "layout" not in case.config
-
-
 def find_cases(root: Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> list[GoldenCase]:
     """The case folders at `root`: itself if it has a config.json, else its sub-folders that do."""
     if not root.is_dir():
