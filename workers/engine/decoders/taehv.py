@@ -265,7 +265,7 @@ def _upconv(x: Tensor, conv: nn.Conv2d) -> Tensor:
     if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
         kernel = kernel.contiguous(memory_format=torch.channels_last)
     bias = None if conv.bias is None else conv.bias.repeat(4)
-    y = F.conv2d(F.pad(x, (1, 1, 1, 1)), kernel, bias)  # [NT, 4 * c_out, H + 1, W + 1]
+    y = F.conv2d(x, kernel, bias, padding=1)  # [NT, 4 * c_out, H + 1, W + 1]: a 2x2 kernel over x padded by 1
     n, _, h, w_ = x.shape
     fmt = torch.channels_last if y.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
     out = torch.empty(n, c_out, 2 * h, 2 * w_, dtype=y.dtype, device=y.device, memory_format=fmt)
