@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -62,6 +62,7 @@ from workers.engine.pipeline import (
     ReplayBlock,
     run_solo,
 )
+from workers.engine.session_tail import SessionTail
 
 
 class SessionCache(Protocol):
@@ -171,7 +172,7 @@ def to_uint8_frames(video: Tensor) -> np.ndarray:
     return (unit * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu().numpy()
 
 
-class EngineSession:
+class EngineSession(SessionTail[VideoBlock]):
     """One video: prompt text in, `VideoBlock`s out. Iterate it or call `next_block()`."""
 
     def __init__(
@@ -289,10 +290,6 @@ class EngineSession:
             recached=block.recached,
         )
 
-    def __iter__(self) -> Iterator[VideoBlock]:
-        while not self.finished:
-            yield self.next_block()
-
     @torch.no_grad()
     def restore(self, committed: Sequence[CommittedBlock], *, from_start: bool = True) -> list[int]:
         """Continue a session from its committed blocks, in order.
@@ -338,28 +335,14 @@ class EngineSession:
     def close(self) -> None:
         self.session.close()
 
-    def offload(self) -> None:
-        """Move the session's KV pages to host memory (`KVCapacityError` if the host tier is full)."""
-        self.session.cache.offload()
-
-    def prefetch(self) -> None:
-        """Bring offloaded KV pages back to the device (a no-op when none are offloaded)."""
-        self.session.cache.prefetch()
-
-    def kv_usage(self) -> SessionUsage:
-        """The session's KV pages: on the device, offloaded, and what it may hold at most."""
-        return self.session.cache.usage()
+    @property
+    def kv_cache(self) -> SessionCache:
+        return self.session.cache
 
     @property
     def position_offset(self) -> int:
         """How far the session has re-based its RoPE time positions (0 until its table's end)."""
         return self.session.cache.position_offset
-
-    def __enter__(self) -> EngineSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def shared_pool(model: LoadedModel, kv_pages: int, kv_dtype: str = "auto") -> KVPool:

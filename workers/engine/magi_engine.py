@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,11 +28,12 @@ from workers.engine.batching import BlockBatcher, default_max_tokens
 from workers.engine.capabilities import MAGI, Capabilities
 from workers.engine.chunk_pipeline import ChunkPipeline, ReplayChunk, SeededChunkNoise
 from workers.engine.engine import VideoBlock
-from workers.engine.kv.pool import KVPool, SessionUsage
+from workers.engine.kv.pool import KVPool
 from workers.engine.models.magi.captions import caption_rows, valid_rows
 from workers.engine.models.magi.clean_caption import clean_prompt
 from workers.engine.models.magi.loader import MagiModel
 from workers.engine.pipeline import DiTJob
+from workers.engine.session_tail import HostTieredCache, SessionTail
 
 __all__ = ["MagiEngine", "MagiSession"]
 
@@ -48,7 +49,7 @@ def _stored(latents: Tensor) -> Tensor:
     return latents.permute(0, 2, 1, 3, 4).contiguous().float().cpu()
 
 
-class MagiSession:
+class MagiSession(SessionTail[VideoBlock]):
     """One MAGI-1 video: prompt text in, chunks (as `VideoBlock`s) out."""
 
     def __init__(
@@ -171,10 +172,6 @@ class MagiSession:
         yield from ()
         return self.next_block()
 
-    def __iter__(self) -> Iterator[VideoBlock]:
-        while not self.finished:
-            yield self.next_block()
-
     def restore(self, committed: Sequence[CommittedBlock], *, from_start: bool = True) -> list[int]:
         """Continue after committed chunks (in order; a long history may come in several calls). Only
         the last few are replayed, when the next chunk is asked for; returns each chunk's frame count."""
@@ -210,24 +207,13 @@ class MagiSession:
     def close(self) -> None:
         self.session.cache.pool.close_session(self.session.session_id)
 
-    def offload(self) -> None:
-        self.session.cache.offload()
-
-    def prefetch(self) -> None:
-        self.session.cache.prefetch()
-
-    def kv_usage(self) -> SessionUsage:
-        return self.session.cache.usage()
+    @property
+    def kv_cache(self) -> HostTieredCache:
+        return self.session.cache
 
     @property
     def position_offset(self) -> int:
         return 0
-
-    def __enter__(self) -> MagiSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class MagiEngine:

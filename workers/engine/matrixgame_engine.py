@@ -22,7 +22,7 @@ import dataclasses
 import io
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,13 +40,14 @@ from workers.engine.batching import BlockBatcher, default_max_tokens
 from workers.engine.capabilities import MATRIXGAME, Capabilities
 from workers.engine.checkpoint import parse_dtype
 from workers.engine.engine import VideoBlock, committed_latents, to_uint8_frames
-from workers.engine.kv.pool import KVPool, SessionUsage
+from workers.engine.kv.pool import KVPool
 from workers.engine.models.matrixgame.action import ActionInputs
 from workers.engine.models.matrixgame.conditioning import condition_on_image
 from workers.engine.models.matrixgame.loader import MatrixGameModel, load_matrixgame_model, load_tiny_matrixgame
 from workers.engine.models.matrixgame.sampler import MatrixGamePipeline, WorldSession
 from workers.engine.noise import SeededNoise
 from workers.engine.pipeline import DiTJob
+from workers.engine.session_tail import HostTieredCache, SessionTail
 
 __all__ = ["ImageInput", "MatrixGameEngine", "MatrixGameSession", "fit_image", "load_model", "pipeline_config"]
 
@@ -112,7 +113,7 @@ def _pixels(image: np.ndarray) -> Tensor:
     return torch.from_numpy(image.copy()).permute(2, 0, 1).unsqueeze(0).float() / 127.5 - 1.0
 
 
-class MatrixGameSession:
+class MatrixGameSession(SessionTail[VideoBlock]):
     """One world: a start image and actions in, `VideoBlock`s out. Iterate it or call `next_block()`."""
 
     def __init__(
@@ -211,11 +212,9 @@ class MatrixGameSession:
         x0 = committed_latents(block).to(self.model.vae.conv1.weight.device)
         return to_uint8_frames(self.model.vae.decode_block(x0.half().to(x0.dtype), state))
 
-    def offload(self) -> None:
-        self.world.cache.offload()
-
-    def prefetch(self) -> None:
-        self.world.cache.prefetch()
+    @property
+    def kv_cache(self) -> HostTieredCache:
+        return self.world.cache
 
     @torch.no_grad()
     def next_block(self) -> VideoBlock:
@@ -237,21 +236,8 @@ class MatrixGameSession:
             decode_s=0.0,
         )
 
-    def __iter__(self) -> Iterator[VideoBlock]:
-        while not self.finished:
-            yield self.next_block()
-
-    def kv_usage(self) -> SessionUsage:
-        return self.world.cache.usage()
-
     def close(self) -> None:
         self.world.close()
-
-    def __enter__(self) -> MatrixGameSession:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class MatrixGameEngine:
