@@ -50,7 +50,6 @@ from inferix.api.v1 import (
 from inferix.errors import UserError
 from inferix.profiling import Profiler
 from inferix.server import Registration, channel
-from inferix.spec.action_schema import ActionSchema
 from inferix.spec.actions import parse_held_action
 from inferix.spec.blocks import CommittedBlock
 from inferix.spec.magi import any_session_shape
@@ -249,7 +248,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         events: list[common_pb2.BlockEvent] = []
         began = time.perf_counter()
         first_frame = 0
-        world = _action_schema(video) is not None
+        world = video.schema is not None
         async for chunk in self._committed_chunks(session_id):
             async with self.engine_lock:
                 frames = await asyncio.to_thread(video.restore, chunk, from_start=not events)
@@ -316,14 +315,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 "worker.block", attributes={SESSION_ID_ATTR: request.session_id, BLOCK_INDEX_ATTR: request.block_index}
             ):
                 async with self.engine_lock:
-                    if isinstance(video, EngineSession | MatrixGameSession) and video.schema is not None:
+                    if video.schema is not None:
                         held = request.held_action  # a block's action is set before it is made
                         video.hold(parse_held_action(video.schema, list(held.keys), list(held.mouse), "held_action"))
-                    if (
-                        not isinstance(video, MatrixGameSession)
-                        and request.prompt
-                        and request.prompt != video.prompt_text
-                    ):
+                    if request.prompt and request.prompt != video.prompt_text:  # (an image model has none)
                         await asyncio.to_thread(video.set_prompt, request.prompt, request.recache)
                 self._blocks_run += 1
                 with self.profiler.block(self._blocks_run - 1, session=request.session_id) as scope:
@@ -695,13 +690,6 @@ async def _while_away(what: str, attempt: Callable[[], Awaitable[None]]) -> None
 def add_to_server(server: grpc.aio.Server, service: WorkerService) -> Registration:
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(service, server)
     return Registration([SERVICE_NAME], drain=service.drain)
-
-
-def _action_schema(video: AnyVideo) -> ActionSchema | None:
-    """What the session's player sends (Matrix-Game, toyworld-play); None: a text model's session."""
-    if isinstance(video, MatrixGameSession):
-        return video.schema
-    return video.schema if isinstance(video, EngineSession) else None
 
 
 def describe_device(dit: torch.nn.Module) -> str:

@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
         profiler.add_gauge("kv_pool", lambda: {"used_pages": float(video.kv_usage().device_pages)})
         for index in range(args.blocks):
             with profiler.block(index) as scope:
-                if index in changes and not isinstance(video, MatrixGameSession):  # (none: no prompts)
+                if index in changes:  # (an image model has no prompt schedule)
                     video.set_prompt(changes[index].text, recache=changes[index].recache)
                 block = video.next_block()
                 scope.pixel_frames = block.frames.shape[0]

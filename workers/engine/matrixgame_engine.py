@@ -136,7 +136,7 @@ class MatrixGameSession(SessionTail[VideoBlock]):
         if num_blocks is None or num_blocks < 1:
             raise UserError(f"a Matrix-Game session needs its number of blocks up front (at least 1), got {num_blocks}")
         self.model = model
-        self.schema = engine.action_schema
+        self.schema: ActionSchema = engine.action_schema
         self.width, self.height = width, height
         nf = engine.pipeline.config.block.num_frame_per_block
         ratio = model.dit.config.action.vae_time_compression_ratio

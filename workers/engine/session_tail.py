@@ -1,6 +1,7 @@
-"""The part every family's session has alike: iteration, the context manager and the KV cache's
-host tier, written once. A family's session says where its KV cache is (`kv_cache`) and how to make
-and close its blocks (`next_block`, `finished`, `close`); the rest comes from here."""
+"""The part every family's session has alike: iteration, the context manager, the KV cache's host
+tier, and the inputs it refuses (text for an image-to-world model, actions for a text model), written
+once. A family's session says where its KV cache is (`kv_cache`) and how to make and close its blocks
+(`next_block`, `finished`, `close`), and overrides what it takes (`set_prompt`, `hold`, `schema`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Generic, Protocol, Self, TypeVar
 
+from inferix.errors import UserError
+from inferix.spec.action_schema import ActionSchema
+from inferix.spec.actions import HeldAction
 from workers.engine.kv.pool import SessionUsage
 
 Block = TypeVar("Block")
@@ -26,6 +30,9 @@ class HostTieredCache(Protocol):
 class SessionTail(ABC, Generic[Block]):
     """Mixed into each family's session class."""
 
+    # What a player sends the session's model (toyworld-play, Matrix-Game); None: it takes no actions.
+    schema: ActionSchema | None = None
+
     @property
     @abstractmethod
     def kv_cache(self) -> HostTieredCache: ...
@@ -39,6 +46,14 @@ class SessionTail(ABC, Generic[Block]):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def set_prompt(self, text: str, recache: bool = False) -> None:
+        """Switch prompt at the next block boundary (a model that takes text overrides this)."""
+        raise UserError("this model takes no text prompts; steer it with actions")
+
+    def hold(self, action: HeldAction) -> None:
+        """Hold an action from the next block on (a model that takes actions overrides this)."""
+        raise UserError("this model takes no actions; steer it with prompts")
 
     def offload(self) -> None:
         """Move the session's KV pages to host memory (`KVCapacityError` if the host tier is full)."""
