@@ -8,7 +8,7 @@ declares its `Capabilities`; no caller writes its own refusal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from inferix.errors import UserError
@@ -50,16 +50,8 @@ MAGI = Capabilities(
     compiles=False,
     batching=False,
 )
-MATRIXGAME = Capabilities(
-    name="Matrix-Game 2.0",
-    starts_from="image",
-    quantize=False,
-    kv_dtypes=("auto",),
-    decoders=("vae",),
-    pods=False,
-    compiles=False,
-    batching=False,
-)
+# MAGI-1's abilities, started from an image instead of text.
+MATRIXGAME = replace(MAGI, name="Matrix-Game 2.0", starts_from="image")
 
 
 @dataclass(frozen=True)
