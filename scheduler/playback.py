@@ -12,7 +12,8 @@
 
 Asking for an output the server does not have is INVALID_ARGUMENT (see `validation.validate_spec`).
 Opening a session's playback also announces it to the streamer over the scheduler link, so the
-streamer knows the outputs to run (the RTMP push) and the creation time (time to first frame).
+streamer knows the outputs to run (the RTMP push), the creation time (time to first frame) and the
+session's latency mode (how its live outputs are paced).
 """
 
 from __future__ import annotations
@@ -52,7 +53,11 @@ class PlaybackConfig:
 
 def announcement(session_id: str, spec: common_pb2.SessionSpec, created_at: float) -> streamer_pb2.SessionAnnouncement:
     return streamer_pb2.SessionAnnouncement(
-        session_id=session_id, rtmp=spec.outputs.rtmp, webrtc=spec.outputs.webrtc, created_at_unix=created_at
+        session_id=session_id,
+        rtmp=spec.outputs.rtmp,
+        webrtc=spec.outputs.webrtc,
+        created_at_unix=created_at,
+        latency=spec.latency or common_pb2.LATENCY_MODE_SMOOTH,
     )
 
 

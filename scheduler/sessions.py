@@ -8,8 +8,10 @@ re-attaching after a disconnect, gets every event from the block it asks for).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,6 +123,9 @@ class SessionRecord:
     events: list[scheduler_pb2.InteractResponse] = field(default_factory=list)
     first_block_at: float | None = None
     frames_made: int = 0  # pixel frames of the blocks made so far (0: none since this scheduler took it)
+    # Dispatch-to-done seconds of the latest blocks made since this scheduler took the session, but the
+    # first (it pays its worker's first-call costs); interactive sessions are dispatched by them. Not persisted.
+    generation_s: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=8))
     paused_since: float | None = None
     paused_total_s: float = 0.0
     prompt_bucket: TokenBucket = field(default_factory=lambda: TokenBucket(rate=4.0, burst=8))
@@ -324,6 +329,14 @@ class SessionRecord:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wakeup.wait(), timeout)
         self._wakeup.clear()
+
+    def lead_frames(self, fps: float, frames_per_block: int) -> float:
+        """How far ahead of playback an interactive session's next block is dispatched, in frames: the
+        median generation time of its recent blocks (the streamer's buffer absorbs their spread), at
+        most a block. With none measured yet, a whole block: the next one goes out at once."""
+        if not self.generation_s:
+            return float(frames_per_block)
+        return min(float(frames_per_block), statistics.median(self.generation_s) * fps)
 
     def playback_frame(self, fps: float) -> float:
         """Pixel frames a real-time viewer has watched (the clock starts at the first block)."""

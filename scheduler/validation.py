@@ -11,6 +11,7 @@ from inferix.api.v1 import common_pb2, scheduler_pb2
 from inferix.errors import UserError
 from inferix.spec import schedule
 from inferix.spec.actions import parse_held_action
+from inferix.spec.latency import LatencyMode
 from inferix.spec.magi import ServedPreset, any_session_shape
 from inferix.spec.matrixgame import ActionSchema, MatrixGamePreset
 from inferix.spec.presets import ModelPreset
@@ -51,6 +52,7 @@ class ValidSpec:
     lookahead: int
     # What the model's actions are (None: it takes none, a text model).
     actions: ActionSchema | None = None
+    latency: LatencyMode = LatencyMode.SMOOTH
 
 
 def schema_proto(schema: ActionSchema) -> common_pb2.ActionSchema:
@@ -130,10 +132,21 @@ def validate_spec(
             raise InvalidRequest(str(exc)) from exc
     if spec.lookahead > MAX_LOOKAHEAD:
         raise InvalidRequest(f"spec.lookahead: {spec.lookahead} is above the limit {MAX_LOOKAHEAD} (0 = default)")
+    if spec.latency not in common_pb2.LatencyMode.values():
+        raise InvalidRequest(
+            f"spec.latency: unknown latency mode {spec.latency}; use LATENCY_MODE_SMOOTH or LATENCY_MODE_INTERACTIVE"
+        )
+    latency = LatencyMode.from_proto(spec.latency)
+    if latency is LatencyMode.INTERACTIVE and spec.lookahead:
+        raise InvalidRequest(
+            f"spec.lookahead: {spec.lookahead} with an interactive session; leave it 0: an interactive session is "
+            "made one generation time ahead of playback, the smallest lookahead that stays on time"
+        )
     for name, hint in _OUTPUT_HINTS.items():
         if getattr(spec.outputs, name) and name not in outputs:
             raise InvalidRequest(
                 f"spec.outputs.{name}: not enabled on this server (enabled: {', '.join(sorted(outputs))}); {hint}"
             )
     actions = preset.actions if isinstance(preset, MatrixGamePreset | ModelPreset) else None
-    return ValidSpec(filled, shape, num_blocks, spec.lookahead or default_lookahead, actions)
+    lookahead = 0 if latency is LatencyMode.INTERACTIVE else spec.lookahead or default_lookahead
+    return ValidSpec(filled, shape, num_blocks, lookahead, actions, latency)

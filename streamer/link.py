@@ -2,7 +2,7 @@
 
 The scheduler opens the link when it starts and keeps it open (reconnecting if the streamer
 restarts). Over it the scheduler sends its own address (`hello`: where viewer commands go) and an
-announcement per session (which outputs it wants, when it was created); the streamer sends back
+announcement per session (which outputs it wants, when it was created, its latency mode); the streamer sends back
 output events (RTMP server lost / reconnected), which the scheduler adds to the session's events.
 Events raised while no scheduler is connected are kept (bounded) and sent when one connects.
 """
@@ -15,6 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from inferix.api.v1 import streamer_pb2
+from inferix.spec.latency import LatencyMode
 from streamer.control import SchedulerControl
 from streamer.ingest import valid_session_id
 from streamer.live import Announcement, LiveRegistry
@@ -87,7 +88,12 @@ class LinkHub:
                         log.warning("ignoring an announcement with a bad session id %r", session.session_id[:64])
                         continue
                     self.registry.get_or_create(session.session_id).announce(
-                        Announcement(session.rtmp, session.webrtc, session.created_at_unix or None)
+                        Announcement(
+                            session.rtmp,
+                            session.webrtc,
+                            session.created_at_unix or None,
+                            LatencyMode.from_proto(session.latency),
+                        )
                     )
         finally:
             queue.put_nowait(None)  # the scheduler hung up: end the response stream too

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferix.api.v1 import streamer_pb2
+from inferix.spec.latency import LatencyMode
 from streamer.ice import IceServers
-from streamer.pacing import LiveConsumer, LiveStats, Pacer, PacingConfig
+from streamer.pacing import AdaptiveClock, LiveConsumer, LiveStats, Pacer, PacingConfig
 from streamer.packets import LivePacket, StreamFormat
 from streamer.rtmp import OutputEvent, RtmpConfig, RtmpPublisher
 from streamer.webrtc import ViewerHub
@@ -43,6 +44,7 @@ class Announcement:
     rtmp: bool
     webrtc: bool
     created_at_unix: float | None
+    latency: LatencyMode = LatencyMode.SMOOTH
 
 
 class LiveSession:
@@ -63,6 +65,18 @@ class LiveSession:
         self._report = report
 
     @property
+    def latency(self) -> LatencyMode:
+        """The session's latency mode; smooth when it was not announced (a stream pushed without a scheduler)."""
+        return self.announcement.latency if self.announcement is not None else LatencyMode.SMOOTH
+
+    def jitter_buffer_ms(self) -> float:
+        """The jitter buffer the session's live outputs use now: measured (interactive) or the fixed one."""
+        clock = self.pacer.clock if self.pacer is not None else None
+        if isinstance(clock, AdaptiveClock) and clock.measured:
+            return clock.buffer_s() * 1e3
+        return self.config.pacing.jitter_buffer_s * 1e3
+
+    @property
     def consumers(self) -> list[LiveConsumer]:
         return [c for c in (self.publisher, self.hub) if c is not None]
 
@@ -78,7 +92,10 @@ class LiveSession:
         assert self.pacer is None, "a session's live output opens once"
         self.format = fmt
         self.hub.fps = fmt.fps
-        self.pacer = Pacer(self.session_id, fmt, self.config.pacing, self.stats, self._release, self._on_end)
+        self.pacer = Pacer(
+            self.session_id, fmt, self.config.pacing, self.stats, self._release, self._on_end,
+            interactive=self.latency is LatencyMode.INTERACTIVE,
+        )  # fmt: skip
         self._start_rtmp()
         return self.pacer
 
@@ -159,6 +176,8 @@ class LiveSession:
                 "error": publisher.error if publisher is not None else "",
             },
             "ended": self.ended,
+            "latency": self.latency.value,
+            "jitter_buffer_ms": round(self.jitter_buffer_ms(), 1),
         }
 
 

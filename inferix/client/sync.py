@@ -131,12 +131,15 @@ class Client:
         wait_for_capacity: bool = False,
         rtmp: bool = False,
         image: bytes | str | Path | None = None,
+        latency: str = "smooth",
     ) -> SessionInfo:
         """Create a session (width/height 0 = the model's native size; num_blocks 0 = unbounded).
 
         `rtmp=True` also pushes it to the server's RTMP relay (`SessionInfo.rtmp_url`). Image-to-world
         models (Matrix-Game 2.0) take no prompt but a start `image` (PNG or JPEG: bytes or a path) and
-        need `num_blocks`.
+        need `num_blocks`. `latency="interactive"` is for a session that is played: the smallest safe
+        lookahead, an adaptive jitter buffer and no browser playout delay (leave `lookahead` 0);
+        "smooth" (default) is for one that is watched. The mode never changes the frames.
         """
         spec = session_spec(
             prompt,
@@ -149,6 +152,7 @@ class Client:
             wait_for_capacity=wait_for_capacity,
             rtmp=rtmp,
             image=image,
+            latency=latency,
         )
         # Not idempotent: retried only when it cannot have reached the scheduler.
         request = scheduler_pb2.CreateSessionRequest(spec=spec)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
+from inferix.spec.latency import LatencyMode
 from inferix.spec.schedule import PromptChange
 
 SessionStateName = Literal["unspecified", "queued", "running", "paused", "completed", "cancelled", "failed"]
@@ -77,6 +78,7 @@ class SessionInfo:
     action_schema: ActionSchemaInfo | None = None
     current_keys: tuple[str, ...] = ()
     current_mouse: tuple[float, ...] = ()
+    latency: str = "smooth"  # the session's latency mode: "interactive" or "smooth"
 
     @property
     def finished(self) -> bool:
@@ -98,6 +100,7 @@ class SessionInfo:
             mp4_url=s.urls.mp4,
             error=s.error,
             rtmp_url=s.urls.rtmp,
+            latency=LatencyMode.from_proto(s.spec.latency).value,
             viewer_url=s.urls.webrtc_page,
             prompts=tuple(PromptChange(p.at_block, p.text, p.recache) for p in s.spec.prompts),
             action_schema=ActionSchemaInfo.from_proto(s.action_schema) if s.HasField("action_schema") else None,
@@ -194,6 +197,7 @@ def session_spec(
     wait_for_capacity: bool,
     rtmp: bool = False,
     image: bytes | str | Path | None = None,
+    latency: str = "smooth",
 ) -> common_pb2.SessionSpec:
     changes = [PromptChange(0, prompt)] if isinstance(prompt, str) else list(prompt or [])
     return common_pb2.SessionSpec(
@@ -206,4 +210,5 @@ def session_spec(
         lookahead=lookahead,
         wait_for_capacity=wait_for_capacity,
         image=image_bytes(image),
+        latency=LatencyMode.parse(latency).to_proto(),
     )

@@ -17,6 +17,9 @@ const viewer = {
   pageStart: performance.now(), firstFrameMs: null, status: null, ended: false, error: null,
   iceServers: 0, path: null, // STUN / TURN servers the streamer offered; the media path: "direct" or "relay"
   play: null, // the play panel's state, for models that take actions
+  // The session's latency mode (from the status API) and, per presented frame, how long it took from
+  // its last packet received to its expected display time: the browser's own delay, as shown.
+  latency: null, displayDelayMs: null, displayDelays: [],
 };
 window.inferixViewer = viewer;
 
@@ -45,6 +48,32 @@ function iceGatheringDone(pc, timeoutMs) {
       if (pc.iceGatheringState === "complete") { clearTimeout(timer); resolve(); }
     });
   });
+}
+
+// Interactive sessions: ask the browser to play each frame as soon as it is decoded. The streamer's
+// pacer already smooths the stream; a playout delay of the browser's own would add to every key press.
+function applyLatency() {
+  if (viewer.latency !== "interactive" || !viewer.pc) return;
+  for (const receiver of viewer.pc.getReceivers()) {
+    if (receiver.track.kind !== "video") continue;
+    if ("jitterBufferTarget" in receiver) receiver.jitterBufferTarget = 0; // ms (the standard)
+    if ("playoutDelayHint" in receiver) receiver.playoutDelayHint = 0; // seconds (Chromium's older hint)
+  }
+}
+
+const DISPLAY_DELAYS_KEPT = 64;
+function measureDisplay(video) {
+  if (!("requestVideoFrameCallback" in video)) return;
+  const onFrame = (now, meta) => {
+    if (meta.receiveTime !== undefined) { // WebRTC frames only
+      viewer.displayDelays.push(meta.expectedDisplayTime - meta.receiveTime);
+      if (viewer.displayDelays.length > DISPLAY_DELAYS_KEPT) viewer.displayDelays.shift();
+      const sorted = [...viewer.displayDelays].sort((a, b) => a - b);
+      viewer.displayDelayMs = sorted[Math.floor(sorted.length / 2)];
+    }
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
 }
 
 function watchFirstFrame(video) {
@@ -93,6 +122,8 @@ async function connect() {
     const video = $("video");
     video.srcObject = event.streams[0] || new MediaStream([event.track]);
     watchFirstFrame(video);
+    measureDisplay(video);
+    applyLatency();
   });
   pc.addEventListener("connectionstatechange", () => {
     text("stat-connection", pc.connectionState);
@@ -156,6 +187,7 @@ async function pollStats() {
   text("stat-path", viewer.path === "relay" ? "relayed (TURN)" : viewer.path || "–");
   text("stat-decoded", String(viewer.framesDecoded));
   text("stat-codec", viewer.codec || "–");
+  text("stat-display", viewer.displayDelayMs === null ? "–" : `${Math.round(viewer.displayDelayMs)} ms`);
 }
 
 const ms = (value) => (value === null || value === undefined ? "–" : `${Math.round(value)} ms`);
@@ -178,6 +210,11 @@ async function pollStatus() {
     text("stat-rtmp", stream.rtmp ? stream.rtmp.state + (stream.rtmp.error ? ` – ${stream.rtmp.error}` : "") : "–");
     if (session.last_error) text("message", session.last_error);
     if (stream.ended) viewer.ended = true;
+    if (stream.latency && stream.latency !== viewer.latency) {
+      viewer.latency = stream.latency;
+      applyLatency();
+    }
+    text("stat-latency", stream.latency ? `${stream.latency}; jitter buffer ${ms(stream.jitter_buffer_ms)}` : "–");
     if (session.action_schema && !viewer.play) viewer.play = setUpPlay(session.action_schema);
     if (viewer.play) markApplied(viewer.play, session.recent_blocks || []);
   } catch (error) {

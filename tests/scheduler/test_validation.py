@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from inferix.api.v1 import common_pb2
 from inferix.spec import MAX_PROMPT_BYTES
+from inferix.spec.latency import LatencyMode
 from inferix.spec.presets import load_preset
+from scheduler.sessions import SessionRecord
 from scheduler.validation import InvalidRequest, validate_spec
 
 PRESETS = {"tiny": load_preset("tiny"), "self-forcing-dmd": load_preset("self-forcing-dmd")}
@@ -26,6 +28,29 @@ def test_defaults_are_filled() -> None:
     assert valid.lookahead == 2 and valid.num_blocks == 3
     assert valid.shape.pages == 9  # global attention: every frame of 3 blocks x 3 frames
     assert valid.shape.video_frames_per_block == 12  # the Wan VAE: 4 pixel frames per latent frame (pacing)
+
+
+def test_the_latency_mode_defaults_to_smooth_and_interactive_sets_its_own_lookahead() -> None:
+    assert validate_spec(spec(), PRESETS, 2).latency is LatencyMode.SMOOTH
+    assert validate_spec(spec(latency=common_pb2.LATENCY_MODE_SMOOTH, lookahead=3), PRESETS, 2).lookahead == 3
+    interactive = validate_spec(spec(latency=common_pb2.LATENCY_MODE_INTERACTIVE), PRESETS, 2)
+    assert (interactive.latency, interactive.lookahead) == (LatencyMode.INTERACTIVE, 0)
+    # kept in the spec, so a session restored from its record (revalidated) keeps its mode
+    assert LatencyMode.from_proto(validate_spec(interactive.spec, PRESETS, 2).spec.latency) is LatencyMode.INTERACTIVE
+    with pytest.raises(InvalidRequest, match="spec.lookahead: 1 with an interactive session; leave it 0"):
+        validate_spec(spec(latency=common_pb2.LATENCY_MODE_INTERACTIVE, lookahead=1), PRESETS, 2)
+    with pytest.raises(InvalidRequest, match="spec.latency: unknown latency mode 7"):
+        validate_spec(spec(latency=7), PRESETS, 2)
+
+
+def test_an_interactive_session_is_dispatched_one_median_generation_time_ahead() -> None:
+    valid = validate_spec(spec(latency=common_pb2.LATENCY_MODE_INTERACTIVE), PRESETS, 2)
+    record = SessionRecord("s", "owner", valid, common_pb2.PlaybackUrls())
+    assert record.lead_frames(16.0, 3) == 3.0  # nothing measured: the next block goes out at once
+    record.generation_s.extend([0.10, 0.14, 0.12])
+    assert record.lead_frames(16.0, 3) == pytest.approx(0.12 * 16)
+    record.generation_s.extend([0.5] * 8)  # slower than real time: at most a block ahead
+    assert record.lead_frames(16.0, 3) == 3.0
 
 
 def test_window_models_allow_unbounded_sessions_global_ones_do_not() -> None:

@@ -7,7 +7,15 @@ import time
 
 import pytest
 
-from streamer.pacing import KeyframeGate, LiveStats, Pacer, PacingClock, PacingConfig, UnderrunPolicy
+from streamer.pacing import (
+    AdaptiveClock,
+    KeyframeGate,
+    LiveStats,
+    Pacer,
+    PacingClock,
+    PacingConfig,
+    UnderrunPolicy,
+)
 from streamer.packets import EncodedPacket, LivePacket, StreamFormat
 
 
@@ -70,6 +78,68 @@ def test_skip_to_makes_a_frame_due_now() -> None:
     clock.skip_to(160, now=2.0, skipped=150)
     assert clock.due(160) == pytest.approx(2.0)
     assert clock.due(176) == pytest.approx(3.0)
+
+
+def _arrive(clock: AdaptiveClock, index: int, at: float, pending: bool = False) -> float:
+    """What the pacer does with an arrival: a late one (nothing pending) is an underrun; then observe it."""
+    if not clock.started:
+        clock.start(index, at)
+        frozen = 0.0
+    else:
+        frozen = 0.0 if pending else clock.late_arrival(index, at)
+    clock.observe(index, at)
+    return frozen
+
+
+def _blocks(clock: AdaptiveClock, fps: float, blocks: range, lateness: dict[int, float]) -> float:
+    """3-frame blocks arriving at once, on their due line plus `lateness[block]`; releases every frame
+    when due (catching up after each, as the pacer does). Returns the seconds frozen."""
+    frozen = 0.0
+    for block in blocks:
+        first = 3 * block
+        at = first / fps + lateness.get(block, 0.0)
+        for index in range(first, first + 3):
+            frozen += _arrive(clock, index, at + 0.001 * (index - first), pending=index > first)
+        for _ in range(3):
+            clock.catch_up()
+    return frozen
+
+
+def test_an_interactive_clock_shrinks_its_buffer_to_the_measured_jitter() -> None:
+    fps = 16.0
+    config = PacingConfig(jitter_buffer_s=0.1, jitter_window_s=2.0, margin_s=0.01)
+    clock = AdaptiveClock(fps, config)
+    jitter = {b: 0.02 * (b % 3) for b in range(200)}  # blocks come 0, 20 or 40 ms after their line
+    assert _blocks(clock, fps, range(0, 11), jitter) == 0.0  # ~2 s: the start-up buffer holds
+    assert clock.due(0) == pytest.approx(0.1)
+    assert _blocks(clock, fps, range(11, 40), jitter) == 0.0
+    assert clock.underruns == 0
+    # the buffer is now the spread seen (40 ms) plus the margin, not the 100 ms it started with
+    assert clock.due(120) - 120 / fps == pytest.approx(0.04 + 0.01, abs=1e-6)
+    assert clock.buffer_s() == pytest.approx(0.01, abs=1e-6)
+    # timestamps are the due times: steady except where the clock caught up (a quarter frame at most)
+    steps = [clock.live_s(i + 1) - clock.live_s(i) for i in range(100, 119)]
+    assert all(step == pytest.approx(1 / fps) for step in steps)
+
+
+def test_an_interactive_clock_gives_a_late_blocks_held_time_back() -> None:
+    fps = 16.0
+    config = PacingConfig(jitter_buffer_s=0.1, jitter_window_s=2.0, margin_s=0.01)
+    clock = AdaptiveClock(fps, config)
+    _blocks(clock, fps, range(0, 40), {})
+    settled = clock.due(120) - 120 / fps
+    assert settled == pytest.approx(0.01, abs=1e-6)  # the first frame of each block sets the line
+    frozen = _blocks(clock, fps, range(40, 41), {40: 0.3})  # one slow block: 300 ms late
+    assert clock.underruns == 1 and frozen == pytest.approx(0.3 - settled + 0.01, abs=1e-6)
+    assert clock.due(123) - 123 / fps == pytest.approx(0.31, abs=1e-6)  # played as it came, plus the margin
+    _blocks(clock, fps, range(41, 80), {})  # on time again: once the window forgets it, the delay goes
+    assert clock.due(240) - 240 / fps == pytest.approx(settled, abs=1e-6)
+    assert clock.underruns == 1
+    # a smooth clock keeps a freeze in its timeline for good (the `hold` policy)
+    smooth = PacingClock(fps, PacingConfig(jitter_buffer_s=0.1))
+    smooth.start(0, 0.0)
+    smooth.late_arrival(120, 120 / fps + 0.3)
+    assert smooth.due(240) - 240 / fps >= 0.3
 
 
 def test_keyframe_gate_starts_at_a_keyframe_and_drops_a_gop_on_overflow() -> None:

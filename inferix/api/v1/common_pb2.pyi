@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class LatencyMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LATENCY_MODE_UNSPECIFIED: _ClassVar[LatencyMode]
+    LATENCY_MODE_SMOOTH: _ClassVar[LatencyMode]
+    LATENCY_MODE_INTERACTIVE: _ClassVar[LatencyMode]
+
 class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SESSION_STATE_UNSPECIFIED: _ClassVar[SessionState]
@@ -16,6 +22,9 @@ class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_STATE_COMPLETED: _ClassVar[SessionState]
     SESSION_STATE_CANCELLED: _ClassVar[SessionState]
     SESSION_STATE_FAILED: _ClassVar[SessionState]
+LATENCY_MODE_UNSPECIFIED: LatencyMode
+LATENCY_MODE_SMOOTH: LatencyMode
+LATENCY_MODE_INTERACTIVE: LatencyMode
 SESSION_STATE_UNSPECIFIED: SessionState
 SESSION_STATE_QUEUED: SessionState
 SESSION_STATE_RUNNING: SessionState
@@ -53,7 +62,7 @@ class OutputOptions(_message.Message):
     def __init__(self, mp4: _Optional[bool] = ..., rtmp: _Optional[bool] = ..., webrtc: _Optional[bool] = ...) -> None: ...
 
 class SessionSpec(_message.Message):
-    __slots__ = ("model", "resolution", "seed", "prompts", "num_blocks", "outputs", "lookahead", "wait_for_capacity", "image")
+    __slots__ = ("model", "resolution", "seed", "prompts", "num_blocks", "outputs", "lookahead", "wait_for_capacity", "image", "latency")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +72,7 @@ class SessionSpec(_message.Message):
     LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
     WAIT_FOR_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
     model: str
     resolution: Resolution
     seed: int
@@ -72,7 +82,8 @@ class SessionSpec(_message.Message):
     lookahead: int
     wait_for_capacity: bool
     image: bytes
-    def __init__(self, model: _Optional[str] = ..., resolution: _Optional[_Union[Resolution, _Mapping]] = ..., seed: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[PromptChange, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., outputs: _Optional[_Union[OutputOptions, _Mapping]] = ..., lookahead: _Optional[int] = ..., wait_for_capacity: _Optional[bool] = ..., image: _Optional[bytes] = ...) -> None: ...
+    latency: LatencyMode
+    def __init__(self, model: _Optional[str] = ..., resolution: _Optional[_Union[Resolution, _Mapping]] = ..., seed: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[PromptChange, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., outputs: _Optional[_Union[OutputOptions, _Mapping]] = ..., lookahead: _Optional[int] = ..., wait_for_capacity: _Optional[bool] = ..., image: _Optional[bytes] = ..., latency: _Optional[_Union[LatencyMode, str]] = ...) -> None: ...
 
 class HeldAction(_message.Message):
     __slots__ = ("keys", "mouse")

@@ -1,3 +1,4 @@
+from inferix.api.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -152,16 +153,18 @@ class LinkHello(_message.Message):
     def __init__(self, scheduler_address: _Optional[str] = ...) -> None: ...
 
 class SessionAnnouncement(_message.Message):
-    __slots__ = ("session_id", "rtmp", "webrtc", "created_at_unix")
+    __slots__ = ("session_id", "rtmp", "webrtc", "created_at_unix", "latency")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RTMP_FIELD_NUMBER: _ClassVar[int]
     WEBRTC_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     rtmp: bool
     webrtc: bool
     created_at_unix: float
-    def __init__(self, session_id: _Optional[str] = ..., rtmp: _Optional[bool] = ..., webrtc: _Optional[bool] = ..., created_at_unix: _Optional[float] = ...) -> None: ...
+    latency: _common_pb2.LatencyMode
+    def __init__(self, session_id: _Optional[str] = ..., rtmp: _Optional[bool] = ..., webrtc: _Optional[bool] = ..., created_at_unix: _Optional[float] = ..., latency: _Optional[_Union[_common_pb2.LatencyMode, str]] = ...) -> None: ...
 
 class LinkResponse(_message.Message):
     __slots__ = ("session_id", "output", "kind", "message")
