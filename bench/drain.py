@@ -31,8 +31,8 @@ import grpc
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
 from inferix.client import BlockDone, Client
-from inferix.mesh import Mesh, MeshConfig, start_mesh
-from inferix.mesh.launch import ServiceProcess
+from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
+from inferix_cli.mesh.launch import ServiceProcess
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Engine benchmark: per-block latency and KV bytes, paged pool vs the contiguous reference cache.
+"""WanEngine benchmark: per-block latency and KV bytes, paged pool vs the contiguous reference cache.
 
 Both caches run through the same block loop and the same DiT in one process, interleaved, so the
 ratio is measured side by side. Random weights; no checkpoint needed.
@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
+from engine.compiled import compile_dit, warm_up_cache
+from engine.families.wan.dit import CausalWanDiT, DiTCall
+from engine.flow_match import FlowMatchSchedule
+from engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, SelfAttentionCache
+from engine.noise import SeededNoise
 from inferix.spec.architectures import DIT_PRESETS, WanDiTConfig
 from inferix.spec.magi import magi_presets
 from inferix.spec.sampling import BlockConfig, SamplingConfig
-from workers.engine.compiled import compile_dit, warm_up_cache
-from workers.engine.flow_match import FlowMatchSchedule
-from workers.engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, SelfAttentionCache
-from workers.engine.models.wan.dit import CausalWanDiT, DiTCall
-from workers.engine.noise import SeededNoise
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODES = ("eager", "compiled")

@@ -22,13 +22,13 @@ import time
 
 import torch
 
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.pipeline import ReplayBlock, WanPipeline
+from engine.kv.pool import KV_DTYPES, KVPool, KVPoolSpec
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from inferix.store import MemoryStore
 from kvcache_svc.registry import KVReport, Registry
-from workers.engine.kv.pool import KV_DTYPES, KVPool, KVPoolSpec
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.pipeline import BlockDiffusionPipeline, ReplayBlock
 
 
 def sync(device: torch.device) -> None:
@@ -71,7 +71,7 @@ def offload_bandwidth(pool: KVPool, tokens: int, frames: int, repeats: int) -> t
     return nbytes / statistics.median(out), nbytes / statistics.median(back), nbytes
 
 
-def recovery(pipeline: BlockDiffusionPipeline, lat: tuple[int, int], blocks: int, pool: KVPool) -> tuple[float, float]:
+def recovery(pipeline: WanPipeline, lat: tuple[int, int], blocks: int, pool: KVPool) -> tuple[float, float]:
     """Seconds to rebuild the cache of a session with `blocks` committed blocks: (recompute, copy)."""
     prompt = torch.randn(1, pipeline.dit.config.text_len, pipeline.dit.config.text_dim)
     with pipeline.open_session(prompt, *lat, seed=0, num_blocks=blocks + 1) as session:
@@ -129,7 +129,7 @@ def main() -> None:
     torch.manual_seed(0)
     dit = CausalWanDiT(config).to(device).eval()
     block = BlockConfig(num_frame_per_block=3)
-    pipeline = BlockDiffusionPipeline(dit, PipelineConfig(block=block, sampling=SamplingConfig()))
+    pipeline = WanPipeline(dit, PipelineConfig(block=block, sampling=SamplingConfig()))
     tokens = config.tokens_per_frame(lat_h, lat_w)
     print(f"DiT dim={args.dim} layers={args.layers} | {tokens} tokens/frame | {device}")
 

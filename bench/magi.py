@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from engine.families.magi.dit import MagiDiT, MagiDiTConfig
+from engine.families.magi.pipeline import MagiPipeline, SeededChunkNoise
 from inferix.spec.magi import load_magi_preset, magi_chunk_frames, magi_presets
-from workers.engine.chunk_pipeline import ChunkPipeline, SeededChunkNoise
-from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -57,7 +57,7 @@ def random_dit(config: MagiDiTConfig, device: torch.device, dtype: torch.dtype) 
     return model.to(dtype).eval()
 
 
-def chunk_seconds(pipeline: ChunkPipeline, height: int, width: int, chunks: int, device: torch.device) -> list[float]:
+def chunk_seconds(pipeline: MagiPipeline, height: int, width: int, chunks: int, device: torch.device) -> list[float]:
     caption = torch.randn(40, pipeline.null_rows.shape[1], device=device, dtype=pipeline.null_rows.dtype)
     session = pipeline.open_session(height, width, lambda _: caption, SeededChunkNoise(0), None, "bench")
     seconds = []
@@ -98,7 +98,7 @@ def main() -> None:
             continue
         distill = cfg_number == 1
         sampling = dataclasses.replace(preset.sampling, num_steps=args.steps, cfg_number=cfg_number, distill=distill)
-        pipeline = ChunkPipeline(dit, sampling)
+        pipeline = MagiPipeline(dit, sampling)
         seconds = chunk_seconds(pipeline, height, width, args.chunks, device)
         steady[mode] = statistics.median(seconds[1:])
         figures[f"{mode}_first_chunk_s"] = seconds[0]

@@ -1,6 +1,6 @@
 """Mesh overhead: the same generation in-process vs through the gRPC mesh, side by side.
 
-In-process: `Engine` (DiT + VAE decode) in this process. Mesh: `inferix serve`'s
+In-process: `WanEngine` (DiT + VAE decode) in this process. Mesh: `inferix serve`'s
 processes on 127.0.0.1 (scheduler -> worker -> streamer + kvcache_svc), driven by the SDK.
 Both use the tiny built-in model, one torch thread, the same seed and prompts; runs alternate.
 
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.loader import load_wan_model
 from inferix.client import BlockDone, Client, StateChanged
-from inferix.mesh import MeshConfig, start_mesh
-from workers.engine.engine import Engine
-from workers.engine.model_dir import load_model
+from inferix_cli.mesh import MeshConfig, start_mesh
 
 
-def in_process(generator: Engine, blocks: int, seed: int) -> tuple[float, float]:
+def in_process(generator: WanEngine, blocks: int, seed: int) -> tuple[float, float]:
     started = time.perf_counter()
     first = 0.0
     with generator.open("a red ball bouncing", seed=seed, num_blocks=blocks) as video:
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    generator = Engine(load_model("tiny"))
+    generator = WanEngine(load_wan_model("tiny"))
     with tempfile.TemporaryDirectory() as tmp:
         mesh = start_mesh(MeshConfig(workdir=Path(tmp), workers=1, worker_threads=1, lookahead=64, model=Path("tiny")))
         try:

@@ -32,14 +32,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from engine.attention.backends import AttentionBackend
+from engine.kv.pool import KVPool, KVPoolSpec
+from engine.parallel.comm import CommCounter
+from engine.parallel.context import SequenceParallel
+from engine.parallel.cost import LinkModel, ParallelConfig, WorkloadShape, choose_plan, predict
+from engine.parallel.plan import ParallelConfigError, candidate_plans
 from inferix.spec.architectures import WAN21_T2V_1_3B, WAN21_T2V_14B
 from inferix.spec.sampling import BlockConfig
-from workers.engine.attention.backends import AttentionBackend
-from workers.engine.kv.pool import KVPool, KVPoolSpec
-from workers.engine.parallel.comm import CommCounter
-from workers.engine.parallel.context import SequenceParallel
-from workers.engine.parallel.cost import LinkModel, ParallelConfig, WorkloadShape, choose_plan, predict
-from workers.engine.parallel.plan import ParallelConfigError, candidate_plans
 
 DTYPE = torch.bfloat16
 MiB = 2**20

@@ -65,7 +65,7 @@ from PIL import Image
 from playwright.sync_api import Page, sync_playwright
 
 from inferix.client import BlockDone, Client, CommandAccepted
-from inferix.mesh import Mesh, MeshConfig, start_mesh
+from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 
 MODEL = "matrixgame2-tiny"
 KEYS = ("w", "d")  # Playwright key names; the page binds the schema's W and D

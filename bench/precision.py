@@ -6,7 +6,7 @@
 Prints, in one run:
 
 1. The CPU: PyTorch's kernel level, the native bf16 / fp16 flags, whether oneDNN takes bf16 / fp16
-   (``workers.engine.precision``).
+   (``engine.precision``).
 2. DiT step time per dtype, side by side: the engine bench's DiT (dim 384, 6 layers, 6 heads,
    latent 28x64 = 448 tokens/frame, 3-frame blocks, window 12 + sink 3, random weights) on a full
    window, one denoising step; ``--rounds`` interleaved rounds, minimum and median, ratio to fp32.
@@ -34,16 +34,16 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.golden import WanCase, _recorded_noise
+from engine.families.wan.loader import TOYWORLD_WEIGHTS, load_wan_model
+from engine.families.wan.pipeline import WanLoop, WanPipeline
+from engine.noise import NoiseSource, SeededNoise
+from engine.precision import cpu_precision
+from engine.registry import wan_cases
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from toyworld_lab.world import SceneSpec
-from workers.engine.golden import GoldenCase, _recorded_noise, find_cases
-from workers.engine.golden_kinds import is_wan_case
-from workers.engine.model_dir import TOYWORLD_WEIGHTS, load_model
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.noise import NoiseSource, SeededNoise
-from workers.engine.pipeline import BlockDiffusionPipeline, GenerationSession
-from workers.engine.precision import cpu_precision
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SHORT = {dtype: name for name, dtype in DTYPES.items()} | {torch.float64: "fp64", torch.complex64: "c64"}
@@ -104,7 +104,7 @@ class StepBench:
     """One dtype's DiT on a full rolling window, ready to time denoising steps."""
 
     dtype: str
-    session: GenerationSession
+    session: WanLoop
     x: Tensor
     t: Tensor
 
@@ -114,10 +114,10 @@ class StepBench:
         s.dit(self.x, self.t, s.prompt, s.cache, start_frame=WINDOW)
 
 
-def _pipeline(dit: CausalWanDiT) -> BlockDiffusionPipeline:
+def _pipeline(dit: CausalWanDiT) -> WanPipeline:
     steps = tuple(1000 - 250 * i for i in range(4))
     block = BlockConfig(FRAMES, local_attn_size=WINDOW, sink_size=SINK)
-    return BlockDiffusionPipeline(dit, PipelineConfig(block, SamplingConfig(steps)))
+    return WanPipeline(dit, PipelineConfig(block, SamplingConfig(steps)))
 
 
 def step_benches(dtypes: list[str]) -> list[StepBench]:
@@ -158,7 +158,7 @@ def profile_step(bench: StepBench) -> OpTimes:
 
 
 def _final_latents(
-    pipeline: BlockDiffusionPipeline, prompt: Tensor, hw: tuple[int, int], blocks: int, noise: NoiseSource
+    pipeline: WanPipeline, prompt: Tensor, hw: tuple[int, int], blocks: int, noise: NoiseSource
 ) -> tuple[Tensor, float]:
     """Latents of ``blocks`` blocks [1, F, C, h, w] (fp32) and seconds per block."""
     start = time.perf_counter()
@@ -185,7 +185,7 @@ class ErrorRow:
 
 def golden_errors(dtypes: list[str], blocks: int) -> list[ErrorRow]:
     rows = []
-    for case in (c for c in find_cases(GOLDEN_DIR) if is_wan_case(c) and c.has("outputs")):
+    for case in (c for c in wan_cases(GOLDEN_DIR) if c.has("outputs")):
         inputs = case.tensors("inputs")
         noise = _recorded_noise(inputs)
         _, frames, _, h, w = inputs["initial_noise"].shape
@@ -194,8 +194,8 @@ def golden_errors(dtypes: list[str], blocks: int) -> list[ErrorRow]:
         reference = case.tensors("outputs")["latents"][:, : n * nf]
         results = {}
         for name in dtypes:
-            dtyped = GoldenCase(case.folder, dtype=DTYPES[name])
-            pipeline = BlockDiffusionPipeline(dtyped.build_dit(), dtyped.pipeline_config())
+            dtyped = WanCase(case.folder, dtype=DTYPES[name])
+            pipeline = WanPipeline(dtyped.build_dit(), dtyped.pipeline_config())
             results[name] = _final_latents(pipeline, inputs["prompt_embeds"], (h, w), n, noise)
         fp32 = results["fp32"][0]  # main() always runs fp32
         for name, (latents, seconds) in results.items():
@@ -208,14 +208,14 @@ def toyworld_errors(dtypes: list[str], blocks: int) -> list[ErrorRow]:
     if not (TOYWORLD_WEIGHTS / "model.yaml").is_file():
         print(f"(toyworld weights not found in {TOYWORLD_WEIGHTS}: skipped)")
         return []
-    fp32_model = load_model("toyworld")
+    fp32_model = load_wan_model("toyworld")
     prompt = fp32_model.prompt_encoder.encode([SceneSpec("red", "ball", 1, "bouncing to the right").prompt()])
     factor = fp32_model.vae.config.spatial_factor
     hw = (fp32_model.height // factor, fp32_model.width // factor)
     results = {}
     for name in dtypes:
-        model = fp32_model if name == "fp32" else load_model("toyworld", dtype=name)
-        pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config)
+        model = fp32_model if name == "fp32" else load_wan_model("toyworld", dtype=name)
+        pipeline = WanPipeline(model.dit, model.pipeline_config)
         results[name] = _final_latents(pipeline, prompt, hw, blocks, SeededNoise(0))
     fp32 = results["fp32"][0]
     return [ErrorRow("toyworld", name, blocks, sec * 1e3, *_errors(lat, fp32)) for name, (lat, sec) in results.items()]

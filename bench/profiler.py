@@ -23,13 +23,13 @@ from collections.abc import Callable
 
 import torch
 
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.loader import load_wan_model
 from inferix.profiling import Profiler, profile
 from inferix.profiling.monitors import ProcessMonitor
-from workers.engine.engine import Engine
-from workers.engine.model_dir import load_model
 
 
-def generate(generator: Engine, blocks: int, enabled: bool) -> float:
+def generate(generator: WanEngine, blocks: int, enabled: bool) -> float:
     profiler = Profiler(enabled=enabled, fps=generator.model.fps, label="bench")
     started = time.perf_counter()
     with generator.open("a red ball", seed=0, num_blocks=blocks) as video, profiler.session():
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    generator = Engine(load_model("tiny"))
+    generator = WanEngine(load_wan_model("tiny"))
     generate(generator, 1, True)  # warm-up (imports, allocator)
     off, on = [], []
     for _ in range(args.repeats):

@@ -45,20 +45,20 @@ from precision import BENCH_DIT, BENCH_LATENT, FRAMES, SINK, WINDOW, StepBench, 
 from torch import Tensor, nn
 from toyworld import SCENES, blocks_for
 
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.golden import WanCase
+from engine.families.wan.loader import LoadedModel, load_wan_model
+from engine.families.wan.pipeline import WanPipeline
+from engine.kv.pool import KV_DTYPES, KVPool, KVPoolSpec
+from engine.quant import QUANT_MODES, int8_path, parse_quant, quantize_linears, quantized_skeleton, weight_bytes
+from engine.quant.kernels import int8_activation_levels
+from engine.registry import wan_cases
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.presets import load_preset
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from inferix.spec.sizing import native_latent_size
 from toyworld_lab.evaluate import generate_blocks, video_stats
-from workers.engine.engine import Engine
-from workers.engine.golden import GoldenCase, find_cases
-from workers.engine.golden_kinds import is_wan_case
-from workers.engine.kv.pool import KV_DTYPES, KVPool, KVPoolSpec
-from workers.engine.model_dir import LoadedModel, load_model
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.pipeline import BlockDiffusionPipeline
-from workers.engine.quant import QUANT_MODES, int8_path, parse_quant, quantize_linears, quantized_skeleton, weight_bytes
-from workers.engine.quant.kernels import int8_activation_levels
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "golden"
 REAL_PRESET = "self-forcing-dmd"
@@ -144,11 +144,11 @@ def meta_dit(config: WanDiTConfig, mode: str) -> nn.Module:
 
 
 # ---- 1. DiT error on the golden cases -------------------------------------------------------
-def golden_flow(case: GoldenCase, dit: CausalWanDiT, kv: str) -> Tensor:
+def golden_flow(case: WanCase, dit: CausalWanDiT, kv: str) -> Tensor:
     """The flow of the case's second stand-alone DiT call (after the first, on a fresh cache)."""
     data = case.tensors("dit_forward")
     _, frames, _, h, w = data["dit_fwd_in0"].shape
-    pipeline = BlockDiffusionPipeline(dit, case.pipeline_config(), kv_dtype=kv)
+    pipeline = WanPipeline(dit, case.pipeline_config(), kv_dtype=kv)
     cache = pipeline.open_cache(None, "golden", h, w, frames=2 * frames)
     prompt = dit.encode_prompt(case.tensors("inputs")["prompt_embeds"])
     with torch.no_grad():
@@ -160,8 +160,8 @@ def golden_errors(root: Path, runs: list[Variant]) -> tuple[dict[str, dict[str, 
     """({case: {variant: relative L2 vs our fp32 flow}}, {case: our fp32 flow vs the reference's})."""
     errors: dict[str, dict[str, float]] = {}
     reference_error: dict[str, float] = {}
-    for case in find_cases(root):
-        if not is_wan_case(case) or not case.has("dit_forward"):
+    for case in wan_cases(root):
+        if not case.has("dit_forward"):
             continue  # MAGI-1 and action-conditioned cases: not the Wan T2V DiT
         dit = case.build_dit()
         dits = {m: quantized_copy(dit, m) for m in dict.fromkeys(v.weights for v in runs)}
@@ -180,7 +180,7 @@ class VideoQuality:
 
 
 def toyworld_videos(
-    engines: dict[Variant, Engine], blocks: int, psnr_blocks: int, scenes: int
+    engines: dict[Variant, WanEngine], blocks: int, psnr_blocks: int, scenes: int
 ) -> dict[Variant, VideoQuality]:
     """Every variant's drift videos; PSNR of their first `psnr_blocks` blocks vs the baseline's."""
     baseline_frames: list[np.ndarray] = []
@@ -228,7 +228,7 @@ def kv_bytes(config: WanDiTConfig, latent: tuple[int, int], frames: int, kvs: li
 
 
 # ---- 5. Speed -------------------------------------------------------------------------------
-def time_toyworld(engines: dict[Variant, Engine], blocks: int, repeats: int) -> dict[Variant, float]:
+def time_toyworld(engines: dict[Variant, WanEngine], blocks: int, repeats: int) -> dict[Variant, float]:
     """Median over interleaved repeats of the mean seconds per toyworld block (after the first block)."""
     seconds: dict[Variant, list[float]] = {v: [] for v in engines}
     for _ in range(repeats):
@@ -254,9 +254,7 @@ def step_benches(runs: list[Variant]) -> list[StepBench]:
     kv_shape = (1, FRAMES * BENCH_DIT.tokens_per_frame(*BENCH_LATENT), BENCH_DIT.num_heads, BENCH_DIT.head_dim)
     benches = []
     for variant in runs:
-        session = BlockDiffusionPipeline(dits[variant.weights], config, kv_dtype=variant.kv).open_session(
-            prompt, *BENCH_LATENT
-        )
+        session = WanPipeline(dits[variant.weights], config, kv_dtype=variant.kv).open_session(prompt, *BENCH_LATENT)
         for block in range(WINDOW // FRAMES):
             session.cache.begin(block * FRAMES, FRAMES)
             for layer in range(BENCH_DIT.num_layers):
@@ -351,8 +349,8 @@ def main() -> None:
     golden, golden_ref = golden_errors(args.golden, runs)
     print(f"golden DiT forwards ({', '.join(golden)}) in {time.perf_counter() - began:.0f} s", flush=True)
 
-    models: dict[str, LoadedModel] = {m: load_model(None, quant=m) for m in dict.fromkeys(v.weights for v in runs)}
-    engines = {v: Engine(models[v.weights], kv_dtype=v.kv) for v in runs}
+    models: dict[str, LoadedModel] = {m: load_wan_model(None, quant=m) for m in dict.fromkeys(v.weights for v in runs)}
+    engines = {v: WanEngine(models[v.weights], kv_dtype=v.kv) for v in runs}
     toy = models["none"]
     for mode, model in models.items():  # the meta count of the bytes table is the loaded DiT's (both fp32)
         counted, loaded = weight_bytes(meta_dit(toy.dit.config, mode)), weight_bytes(model.dit)

@@ -1,6 +1,6 @@
 """Served throughput per worker: N sessions through `inferix serve` vs the same N batched in-engine.
 
-In-engine: N toyworld sessions of one `Engine`, every block (DiT and decode) run through one
+In-engine: N toyworld sessions of one `WanEngine`, every block (DiT and decode) run through one
 `BlockBatcher`, as a worker runs them, as fast as it goes. Served: one worker of a mesh on
 127.0.0.1 (scheduler -> worker -> streamer + kvcache_svc), N sessions created at once by the SDK
 with a lookahead past their length (throughput, not real-time pacing), frames/s from the first
@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.loader import load_wan_model
 from inferix.client import BlockDone, Client, StateChanged
-from inferix.mesh import Mesh, MeshConfig, start_mesh
-from workers.engine import Engine
-from workers.engine.model_dir import load_model
+from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 
 FRAMES_PER_BLOCK = 3  # toyworld: a latent frame is a video frame
 
 
-def in_engine_fps(engine: Engine, n: int, blocks: int) -> float:
+def in_engine_fps(engine: WanEngine, n: int, blocks: int) -> float:
     sessions = [engine.open(f"a ball number {i}", seed=i, num_blocks=blocks) for i in range(n)]
     batcher = engine.batcher()
     began = time.perf_counter()
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads in-engine and of the worker (default 2)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = Engine(load_model("toyworld"))
+    engine = WanEngine(load_wan_model("toyworld"))
     in_engine_fps(engine, 1, 2)  # warm-up
     policies = tuple(WAITS)
     rows = []

@@ -34,8 +34,8 @@ import grpc
 import numpy as np
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
-from inferix.mesh.launch import start_service
 from inferix.viewer_token import ViewerTokens
+from inferix_cli.mesh.launch import start_service
 from streamer.encoder import LIBX264, H264Encoder
 from streamer.packets import StreamFormat
 from streamer.sinks import Mp4Recorder

@@ -7,7 +7,7 @@
 Prompt following: the colour of the object read from the pixels of 4 blocks, for 16 fixed prompts
 (every colour, both shapes, one and two objects, every motion), and for 8 colour changes at
 block 4 of 8 whether the new colour shows within two blocks and holds to the end.
-Speed: pixel frames per second of `EngineSession` (text encode, DiT blocks with the KV cache,
+Speed: pixel frames per second of `WanSession` (text encode, DiT blocks with the KV cache,
 streaming VAE decode) with one torch thread, as a ratio to the 16 fps the video plays at.
 Drift: for a fixed set of prompts, one video of `--seconds` each; every block is read from its
 pixels (object present, centroid on screen, colour = the prompt's, object area) and set side by
@@ -30,6 +30,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.loader import load_wan_model
 from toyworld_lab.evaluate import (
     PROMPT_SET,
     BlockStats,
@@ -39,8 +41,6 @@ from toyworld_lab.evaluate import (
     video_stats,
 )
 from toyworld_lab.world import SceneSpec
-from workers.engine.engine import Engine
-from workers.engine.model_dir import load_model
 
 SCENES = [
     SceneSpec("red", "ball", 1, "bouncing to the right"),
@@ -58,7 +58,7 @@ def blocks_for(seconds: float, fps: int, latent_frames: int, temporal_factor: in
     return 1 + max(0, math.ceil((seconds * fps - first) / (temporal_factor * latent_frames)))
 
 
-def measure_speed(generator: Engine, blocks: int) -> tuple[float, int, float]:
+def measure_speed(generator: WanEngine, blocks: int) -> tuple[float, int, float]:
     began = time.perf_counter()
     frames = sum(f.shape[0] for f in generate_blocks(generator, SCENES[0].prompt(), blocks, seed=0))
     seconds = time.perf_counter() - began
@@ -82,12 +82,12 @@ def main() -> int:
     parser.add_argument("--png", type=Path, default=Path("bench/toyworld_drift.png"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = load_model(args.model)
+    model = load_wan_model(args.model)
     if args.window is not None:
         pipeline = model.preset.pipeline
         windowed = replace(pipeline.block, local_attn_size=args.window)
         model = replace(model, preset=replace(model.preset, pipeline=replace(pipeline, block=windowed)))
-    generator = Engine(model)
+    generator = WanEngine(model)
     fps = model.fps
 
     measure_speed(generator, 2)  # warm-up

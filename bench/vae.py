@@ -34,7 +34,7 @@ minimum over rounds (the least disturbed by other work on the cores) and the med
 minimums to the first variant, the max abs difference of the video from the first variant's, and
 the warm-up pass's time (a whole video; compilation included).
 
-``--taehv``: the TAEHV tiny decoder (workers/engine/decoders/taehv.py) next to the Wan VAE at its
+``--taehv``: the TAEHV tiny decoder (engine/decoders/taehv.py) next to the Wan VAE at its
 released size (``--dim 96``), on the same latents, in one child process: per resolution
 (``--taehv-latents``, default the engine bench's 224x512 and 480x832) and dtype (``--taehv-dtypes``),
 each decoder first decodes one latent frame (the stream's first block, untimed), then the timed
@@ -42,7 +42,7 @@ block of ``--block-frames`` latent frames (the Wan VAE once: it is slow; the TAE
 ``--repeats`` interleaved rounds). Three decoders: the Wan VAE; ours, which runs a block's frames
 through each layer together (channels-last, TGrow before the upsample, upsample+conv as 2x2 phase
 convs); and "framewise", a faithful reference-style walk of one time step through every layer in
-the default layout (workers/engine/decoders/taehv_framewise.py), the baseline of the >= 1.5x target.
+the default layout (engine/decoders/taehv_framewise.py), the baseline of the >= 1.5x target.
 Decoder times are CPU seconds of the (one-thread) process, robust to other work on shared cores;
 the DiT's are the engine's own wall-clock phase timings.
 The share of a block adds the engine bench's DiT (denoising steps + context pass per block, same
@@ -71,16 +71,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from engine.decoders.taehv import TAEHV, load_taehv
+from engine.decoders.taehv_framewise import FramewiseDecoder
+from engine.families.wan.autoencoders import load_vae
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.pipeline import WanPipeline
+from engine.families.wan.vae import WanVAE
+from engine.registry import wan_cases
 from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
-from workers.engine.decoders.taehv import TAEHV, load_taehv
-from workers.engine.decoders.taehv_framewise import FramewiseDecoder
-from workers.engine.golden import find_cases
-from workers.engine.golden_kinds import is_wan_case
-from workers.engine.models.autoencoders import load_vae
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.models.wan.vae import WanVAE
-from workers.engine.pipeline import BlockDiffusionPipeline
 
 MiB = 2**20
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -283,9 +282,7 @@ def run_variants(args: argparse.Namespace) -> dict[str, VariantResult]:
     return results
 
 
-def _share_phases(
-    pipeline: BlockDiffusionPipeline, vae: WanVAE, prompt: Tensor, hw: tuple[int, int], blocks: int
-) -> list[float]:
+def _share_phases(pipeline: WanPipeline, vae: WanVAE, prompt: Tensor, hw: tuple[int, int], blocks: int) -> list[float]:
     """Mean seconds per block of [denoising steps, context pass, VAE decode] over one session."""
     phases = []
     state = vae.new_decode_state()
@@ -299,7 +296,7 @@ def _share_phases(
 
 def _share_row(
     name: str,
-    pipeline: BlockDiffusionPipeline,
+    pipeline: WanPipeline,
     vae: WanVAE,
     prompt: Tensor,
     hw: tuple[int, int],
@@ -318,7 +315,7 @@ def run_share(args: argparse.Namespace) -> list[ShareRow]:
     torch.manual_seed(0)
     dit_config = WanDiTConfig(dim=384, ffn_dim=1536, num_heads=6, num_layers=6, freq_dim=256, text_dim=512, text_len=64)
     steps = tuple(1000 - 250 * i for i in range(4))
-    pipeline = BlockDiffusionPipeline(
+    pipeline = WanPipeline(
         CausalWanDiT(dit_config).eval(),
         PipelineConfig(BlockConfig(args.block_frames, local_attn_size=12, sink_size=3), SamplingConfig(steps)),
     )
@@ -326,11 +323,11 @@ def run_share(args: argparse.Namespace) -> list[ShareRow]:
     prompt = torch.randn(1, dit_config.text_len, dit_config.text_dim)
     vae = _random_model(args, torch.device("cpu"))
     rows = [_share_row(f"engine bench DiT + VAE dim {args.dim}", pipeline, vae, prompt, (h, w), args)]
-    cases = [c for c in find_cases(GOLDEN_DIR) if is_wan_case(c) and c.has("outputs") and c.has("vae")]
+    cases = [c for c in wan_cases(GOLDEN_DIR) if c.has("outputs") and c.has("vae")]
     for case in cases:
         inputs = case.tensors("inputs")
         _, _, _, h, w = inputs["initial_noise"].shape
-        golden = BlockDiffusionPipeline(case.build_dit(), case.pipeline_config())
+        golden = WanPipeline(case.build_dit(), case.pipeline_config())
         case_vae = load_vae(case.folder / "vae.safetensors", WanVAEConfig.from_dict(case.config["vae"]))
         rows.append(_share_row(f"golden {case.name}", golden, case_vae, inputs["prompt_embeds"], (h, w), args))
     return rows
@@ -355,7 +352,7 @@ def _dit_block_seconds(latent_hw: tuple[int, int], dtype: torch.dtype, block_fra
     torch.manual_seed(0)
     dit_config = WanDiTConfig(dim=384, ffn_dim=1536, num_heads=6, num_layers=6, freq_dim=256, text_dim=512, text_len=64)
     steps = tuple(1000 - 250 * i for i in range(4))
-    pipeline = BlockDiffusionPipeline(
+    pipeline = WanPipeline(
         CausalWanDiT(dit_config).eval().to(dtype),
         PipelineConfig(BlockConfig(block_frames, local_attn_size=12, sink_size=3), SamplingConfig(steps)),
     )

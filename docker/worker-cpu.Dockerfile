@@ -11,6 +11,7 @@ RUN python -m venv /opt/venv \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY inferix/ inferix/
+COPY engine/ engine/
 COPY workers/ workers/
 RUN pip install --no-cache-dir "./[worker]"
 

@@ -1,5 +1,5 @@
 # Worker on NVIDIA GPUs: loads a model once and runs block jobs; a multi-GPU pod runs one rank per
-# GPU under torchrun (see workers/engine/parallel/README.md).
+# GPU under torchrun (see engine/parallel/README.md).
 #   docker build -f docker/worker-cuda.Dockerfile -t inferix/worker-cuda .
 # The CUDA base image brings the NVIDIA container runtime settings; the PyTorch CUDA wheels bring
 # their own CUDA libraries, so the small `base` flavour is enough. The host needs a driver that
@@ -19,6 +19,7 @@ RUN uv venv --python "${PYTHON_VERSION}" /opt/venv \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY inferix/ inferix/
+COPY engine/ engine/
 COPY workers/ workers/
 RUN uv pip install --python /opt/venv/bin/python "./[worker]"
 

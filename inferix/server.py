@@ -318,7 +318,7 @@ async def run_server(
     if options.port_file is not None:
         tmp = options.port_file.with_suffix(".tmp")
         # pid: the process that serves and drains on SIGTERM (rank 0 when a launcher such as torchrun
-        # started this one; the launcher stops the service through it, see inferix/mesh/launch.py).
+        # started this one; the launcher stops the service through it, see inferix_cli/mesh/launch.py).
         tmp.write_text(json.dumps({**ports, "metrics": metrics_port, "pid": os.getpid()}))
         tmp.replace(options.port_file)  # atomic: readers never see a partial file
     kind = "mutual TLS" if options.mesh_tls else "plaintext"

@@ -36,7 +36,7 @@ class BlockTiming:
 
     @classmethod
     def from_preset(cls, model: str) -> BlockTiming:
-        """The timing of a model preset shipped with Inferix (`workers/engine/presets/<model>.yaml`)."""
+        """The timing of a model preset shipped with Inferix (`inferix/spec/presets/<model>.yaml`)."""
         from inferix.spec.presets import load_preset
 
         preset = load_preset(model)

@@ -28,7 +28,7 @@ from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from scheduler import metrics
 from scheduler.config import Presets, SchedulerConfig
 from scheduler.handover import DrainWatch
-from scheduler.placement import Placement
+from scheduler.hosting import Placement
 from scheduler.quotas import Quotas
 from scheduler.sessions import SessionRecord
 from scheduler.table import NO_PERSISTENT_STORE, SessionTable

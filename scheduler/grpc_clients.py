@@ -1,4 +1,4 @@
-"""The gRPC adapters of `scheduler.placement`'s protocols: `GrpcKVCache` (kvcache_svc) and
+"""The gRPC adapters of `scheduler.hosting`'s protocols: `GrpcKVCache` (kvcache_svc) and
 `GrpcWorkers` (the workers' service and health checks). They own what the status codes mean to
 the scheduler, so that placement and dispatch never see a transport."""
 
@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc
 from inferix.server import channel
-from scheduler.placement import CallFailed, NoRoom, OpenedSession, PlacementUnavailable, WorkerInfo, WorkerRef
+from scheduler.hosting import CallFailed, NoRoom, OpenedSession, PlacementUnavailable, WorkerInfo, WorkerRef
 
 # A callee that could not be reached or did not answer in time: it may be gone.
 UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from scheduler.placement import WorkerClient
+from scheduler.hosting import WorkerClient
 from scheduler.sessions import SessionRecord
 
 log = logging.getLogger("inferix.scheduler")

@@ -3,7 +3,7 @@ applies interactive commands to the session records and turns errors into gRPC s
 `create_servicer` wires it to kvcache_svc and the workers over gRPC, and `add_to_server` registers it.
 
 What happens to a session after CreateSession is `scheduler.dispatch`'s job; where it runs is
-`scheduler.placement`'s.
+`scheduler.hosting`'s.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from scheduler.auth import ApiKeys, Unauthenticated
 from scheduler.config import Presets, SchedulerConfig
 from scheduler.dispatch import Dispatcher
 from scheduler.grpc_clients import GrpcKVCache, GrpcWorkers
-from scheduler.placement import CallFailed, Placement, PlacementUnavailable
+from scheduler.hosting import CallFailed, Placement, PlacementUnavailable
 from scheduler.quotas import QuotaExceeded
 from scheduler.sessions import (
     ACTION_BURST,

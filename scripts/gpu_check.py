@@ -10,7 +10,7 @@ machine in one go, in the order that keeps the most important results if time ru
   1. setup        nvidia-smi, torch / CUDA versions, the carried wheels, the attention backend
   2. correctness  golden vectors in fp32 on the device (TF32 off, asserted), the same in bf16
                   (measured, not asserted), toyworld frames on the device vs the CPU (PSNR)
-  3. speed        Wan2.1-1.3B at 480x832 with random weights through `Engine`: DiT and VAE ms per
+  3. speed        Wan2.1-1.3B at 480x832 with random weights through `WanEngine`: DiT and VAE ms per
                   block, end-to-end FPS, time to first frame, SDPA vs flash-attn; attention kernels;
                   KV host offload / restore; bench/engine.py; eager vs --compile vs --cuda-graphs;
                   what is not available (fp8, NVENC)
@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the driver itself never imports torch or the engine: only the stage processes do
     import torch
 
+    from engine.families.wan.loader import LoadedModel
     from inferix.spec.presets import ModelPreset
-    from workers.engine.model_dir import LoadedModel
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve()
@@ -223,7 +223,7 @@ def first_line(exc: BaseException, limit: int = 160) -> str:
 
 def run_cli(argv: list[str]) -> tuple[int, str, str]:
     """`inferix ARGV` in this process: (exit code, stdout, stderr)."""
-    from inferix.cli.main import main as inferix_main
+    from inferix_cli.main import main as inferix_main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -289,7 +289,7 @@ def stage_setup(ctx: Context) -> None:
     rec.set("attention_packages", packages)
     if missing:
         raise CheckFailed(f"no module for {', '.join(missing)}: run make gpu-wheels where PyPI is, and carry .whl")
-    from workers.engine.attention.backends import get_backend
+    from engine.attention.backends import get_backend
 
     rec.set("engine_attention_backend", get_backend("auto").name)
     major, minor = (int(v) for v in re.findall(r"\d+", torch.__version__)[:2])
@@ -366,14 +366,14 @@ def _psnr(reference: Any, frames: Any) -> dict[str, Any]:
 def stage_toyworld(ctx: Context) -> None:
     import numpy as np
 
-    from workers.engine import Engine
+    from engine.families.wan.engine import WanEngine
 
     rec = ctx.record
     blocks = ctx.sizes.toyworld_blocks
     change_at = blocks // 2
 
     def frames(device: str, dtype: str) -> Any:
-        engine = Engine.load("toyworld", device=device, dtype=dtype)
+        engine = WanEngine.load("toyworld", device=device, dtype=dtype)
         out = []
         with engine.open(TOYWORLD_PROMPT, seed=1, num_blocks=blocks) as session:
             for block in session:
@@ -382,7 +382,7 @@ def stage_toyworld(ctx: Context) -> None:
                     session.set_prompt(TOYWORLD_CHANGE)
         return np.concatenate(out)
 
-    rec.command(f"Engine.load('toyworld', device=D, dtype=T): {blocks} blocks, prompt change at block {change_at}")
+    rec.command(f"WanEngine.load('toyworld', device=D, dtype=T): {blocks} blocks, prompt change at block {change_at}")
     reference = frames("cpu", "fp32")
     # The dry run has no second device: its CPU bf16 run still exercises the comparison.
     runs = [(ctx.device, "fp32"), (ctx.device, "bf16")] if ctx.cuda else [("cpu", "bf16")]
@@ -430,12 +430,12 @@ def random_model(ctx: Context) -> LoadedModel:
     """
     import torch
 
+    from engine.checkpoint import parse_dtype
+    from engine.families.wan.dit import CausalWanDiT
+    from engine.families.wan.loader import LoadedModel
+    from engine.families.wan.text_encoder import PromptEncoder
+    from engine.families.wan.vae import WanVAE
     from inferix.spec.architectures import WanVAEConfig
-    from workers.engine.checkpoint import parse_dtype
-    from workers.engine.model_dir import LoadedModel
-    from workers.engine.models.wan.dit import CausalWanDiT
-    from workers.engine.models.wan.text_encoder import PromptEncoder
-    from workers.engine.models.wan.vae import WanVAE
 
     preset = speed_preset(ctx.sizes)
     assert isinstance(preset.vae, WanVAEConfig), f"preset {preset.name} has no Wan VAE"
@@ -467,10 +467,10 @@ def random_model(ctx: Context) -> LoadedModel:
 
 
 def _session_figures(model: LoadedModel, ctx: Context, blocks: int) -> dict[str, Any]:
-    """One session through `Engine` (what inferix generate and a worker run), timed per block."""
-    from workers.engine import Engine
+    """One session through `WanEngine` (what inferix generate and a worker run), timed per block."""
+    from engine.families.wan.engine import WanEngine
 
-    engine = Engine(model)
+    engine = WanEngine(model)
     h, w = ctx.sizes.latent
     factor = model.vae.config.spatial_factor
     sync(ctx.device)
@@ -507,7 +507,7 @@ def _session_figures(model: LoadedModel, ctx: Context, blocks: int) -> dict[str,
 def stage_e2e(ctx: Context) -> None:
     import torch
 
-    from workers.engine.attention.backends import flash_attention_available
+    from engine.attention.backends import flash_attention_available
 
     rec = ctx.record
     sizes = ctx.sizes
@@ -532,7 +532,7 @@ def stage_e2e(ctx: Context) -> None:
             "dtype": ctx.dtype_name,
         },
     )
-    rec.command(f"Engine(random {model.preset.name} model) -> open(...) -> {sizes.blocks} x next_block()")
+    rec.command(f"WanEngine(random {model.preset.name} model) -> open(...) -> {sizes.blocks} x next_block()")
     for backend in ("sdpa", "flash"):
         if backend == "flash" and not flash_attention_available():
             rec.set(backend, {"status": "not available", "reason": "flash-attn is not importable here (never built)"})
@@ -555,8 +555,8 @@ def stage_attention(ctx: Context) -> None:
     """One layer's self-attention at the real shape: a 3-frame block against a 21-frame context."""
     import torch
 
-    from workers.engine.attention.backends import AttentionBackend, FlashAttentionBackend, flash_attention_available
-    from workers.engine.checkpoint import parse_dtype
+    from engine.attention.backends import AttentionBackend, FlashAttentionBackend, flash_attention_available
+    from engine.checkpoint import parse_dtype
 
     rec = ctx.record
     preset = speed_preset(ctx.sizes)
@@ -625,8 +625,8 @@ def stage_kv_offload(ctx: Context) -> None:
     """A session's KV pages to host memory and back through `KVPool` (pinned + async on CUDA)."""
     import torch
 
-    from workers.engine.checkpoint import parse_dtype
-    from workers.engine.kv.pool import KVPool, KVPoolSpec
+    from engine.checkpoint import parse_dtype
+    from engine.kv.pool import KVPool, KVPoolSpec
 
     rec = ctx.record
     cfg = speed_preset(ctx.sizes).dit
@@ -717,11 +717,11 @@ def stage_engine_speed(ctx: Context) -> None:
 
     import torch
 
+    from engine.compiled import CompileOptions, compile_dit, warm_up
+    from engine.cuda_graphs import StaticStep, use_cuda_graphs
+    from engine.families.wan.pipeline import WanPipeline
+    from engine.kv.pool import KVPool
     from inferix.spec.sampling import BlockConfig
-    from workers.engine.compiled import CompileOptions, compile_dit, warm_up
-    from workers.engine.cuda_graphs import StaticStep, use_cuda_graphs
-    from workers.engine.kv.pool import KVPool
-    from workers.engine.pipeline import BlockDiffusionPipeline
 
     rec = ctx.record
     model = random_model(ctx)
@@ -732,14 +732,14 @@ def stage_engine_speed(ctx: Context) -> None:
     window = BlockConfig(num_frame_per_block=nf, local_attn_size=fill * nf, sink_size=nf)
     config = replace(model.pipeline_config, block=window)
     rec.command(
-        f"BlockDiffusionPipeline(random {model.preset.name} DiT, window {window.local_attn_size} sink {nf}) -> "
+        f"WanPipeline(random {model.preset.name} DiT, window {window.local_attn_size} sink {nf}) -> "
         f"{blocks} blocks per mode after warm_up; compile_dit, use_cuda_graphs (StaticStep on a CPU)"
     )
     prompt = torch.randn(1, model.dit.config.text_len, model.dit.config.text_dim).to(ctx.device)
     reference: list[torch.Tensor] | None = None
     for mode in ("eager", "compiled", "cuda_graphs"):
         dit = copy.deepcopy(model.dit)
-        pipeline = BlockDiffusionPipeline(dit, config)
+        pipeline = WanPipeline(dit, config)
         pipeline.pool = KVPool(pipeline.pool_spec(h, w, 2 * window.local_attn_size))
         began = time.perf_counter()
         if mode == "compiled":
@@ -774,7 +774,7 @@ QUANT_VARIANTS = (("none", "auto"), ("int8", "auto"), ("fp8", "auto"), ("fp8", "
 
 
 def stage_quant(ctx: Context) -> None:
-    """`--quant` / `--kv-dtype` through `Engine`: one session per variant (weights x KV storage) of the
+    """`--quant` / `--kv-dtype` through `WanEngine`: one session per variant (weights x KV storage) of the
     speed preset (Wan2.1-1.3B at 480x832 on a GPU), DiT ms per block and end-to-end fps, the first
     block's latents against unquantized (relative L2), and the DiT's weight bytes. fp8 needs sm 8.9+:
     on an older GPU it is recorded as refused, with the engine's one-line error."""
@@ -782,15 +782,15 @@ def stage_quant(ctx: Context) -> None:
 
     import torch
 
-    from workers.engine import Engine
-    from workers.engine.quant import check_quant_device, int8_path, parse_quant, quantize_linears, weight_bytes
+    from engine.families.wan.engine import WanEngine
+    from engine.quant import check_quant_device, int8_path, parse_quant, quantize_linears, weight_bytes
 
     rec = ctx.record
     model = random_model(ctx)
     blocks = 4 if ctx.sizes is REAL else 1  # the dry run proves the paths
     h, w = ctx.sizes.latent
     factor = model.vae.config.spatial_factor
-    rec.command(f"Engine(random {model.preset.name}, quant=..., kv_dtype=...) -> {blocks} blocks per variant")
+    rec.command(f"WanEngine(random {model.preset.name}, quant=..., kv_dtype=...) -> {blocks} blocks per variant")
     rec.set("int8_kernel", int8_path(torch.device(ctx.device).type))
     reference: torch.Tensor | None = None
     for quant, kv_dtype in QUANT_VARIANTS:
@@ -802,7 +802,7 @@ def stage_quant(ctx: Context) -> None:
             rec.set(label, {"status": "refused", "reason": first_line(exc)})
             continue
         dit = quantize_linears(copy.deepcopy(model.dit), mode) if mode.enabled else model.dit
-        engine = Engine(replace(model, dit=dit), kv_dtype=kv_dtype)
+        engine = WanEngine(replace(model, dit=dit), kv_dtype=kv_dtype)
         dit_ms: list[float] = []
         first: torch.Tensor | None = None
         sync(ctx.device)
@@ -856,9 +856,9 @@ def stage_batching(ctx: Context) -> None:
     """Continuous batching: N sessions' blocks batched vs one at a time, at the real shape and at half of
     it; per-stream frames/s, the most streams at real time, and how far batched blocks are from solo
     ones (bit-identical on CPUs; cuBLAS picks kernels by batch size)."""
-    from workers.engine import Engine
-    from workers.engine.kv.pool import KVPool
-    from workers.engine.pipeline import BlockDiffusionPipeline
+    from engine.families.wan.engine import WanEngine
+    from engine.families.wan.pipeline import WanPipeline
+    from engine.kv.pool import KVPool
 
     rec = ctx.record
     model = random_model(ctx)
@@ -867,15 +867,15 @@ def stage_batching(ctx: Context) -> None:
     real = ctx.sizes is REAL
     counts = (1, 2, 4, 8) if real else (2,)  # a dry run only proves the stage runs
     rec.command(
-        f"Engine(random model).batcher().run([s.block_job() for s in N sessions]) vs N x next_block(), N={counts}"
+        f"WanEngine(random model).batcher().run([s.block_job() for s in N sessions]) vs N x next_block(), N={counts}"
     )
     sizes = {"native": (h, w), "half": (h // 4 * 2, w // 4 * 2)} if real else {"native": (h, w)}
     for label, (lh, lw) in sizes.items():
-        probe = BlockDiffusionPipeline(model.dit, model.pipeline_config)
+        probe = WanPipeline(model.dit, model.pipeline_config)
         window = probe.session_frames(4)
         rows: list[dict[str, Any]] = []
         for n in counts:
-            engine = Engine(model, KVPool(probe.pool_spec(lh, lw, 2 * n * window)))
+            engine = WanEngine(model, KVPool(probe.pool_spec(lh, lw, 2 * n * window)))
 
             solo, batched = (_open_sessions(engine, n, lw * factor, lh * factor, warm=real) for _ in range(2))
             batcher = engine.batcher()
@@ -915,9 +915,9 @@ def stage_extras(ctx: Context) -> None:
     import numpy as np
     import torch
 
+    from engine.checkpoint import DTYPES
     from streamer.encoder import LIBX264, NVENC, H264Encoder, probe_encoder
     from streamer.packets import StreamFormat
-    from workers.engine.checkpoint import DTYPES
 
     rec = ctx.record
     dtypes = sorted({str(d).removeprefix("torch.") for d in DTYPES.values()})
@@ -976,12 +976,12 @@ def pod_rank(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from workers.engine.checkpoint import parse_dtype
-    from workers.engine.models.wan.dit import CausalWanDiT
-    from workers.engine.parallel.cost import ParallelConfig
-    from workers.engine.parallel.pod_driver import PodDriver
-    from workers.engine.parallel.pod_main import PodSpec, build_pod, init_distributed, serve_pod
-    from workers.engine.pipeline import BlockDiffusionPipeline
+    from engine.checkpoint import parse_dtype
+    from engine.families.wan.dit import CausalWanDiT
+    from engine.families.wan.pipeline import WanPipeline
+    from engine.parallel.cost import ParallelConfig
+    from engine.parallel.pod_driver import PodDriver
+    from engine.parallel.pod_main import PodSpec, build_pod, init_distributed, serve_pod
 
     sizes = SIZES[args.sizes]
     device = init_distributed(args.device)
@@ -1004,7 +1004,7 @@ def pod_rank(args: argparse.Namespace) -> int:
     if rank == 0:  # the baseline: the same weights (same seed, as build_pod makes them) on one device
         torch.manual_seed(0)
         dit = CausalWanDiT(config, attention_backend="sdpa").to(device=device, dtype=dtype).eval()
-        pipeline = BlockDiffusionPipeline(dit, preset.pipeline)
+        pipeline = WanPipeline(dit, preset.pipeline)
 
         def alone(name: str, n: int) -> list[Any]:
             with pipeline.open_session(embeds, h, w, seed=0, num_blocks=n) as s:
@@ -1052,10 +1052,10 @@ def stage_taehv(ctx: Context) -> None:
     """TAEHV vs the Wan VAE decode: one streamed block of 3 latent frames after a first frame, same latents."""
     import torch
 
+    from engine.decoders.taehv import load_taehv
+    from engine.decoders.taehv_golden import verify_taehv_case
+    from engine.families.wan.vae import WanVAE
     from inferix.spec.architectures import WanVAEConfig
-    from workers.engine.decoders.taehv import load_taehv
-    from workers.engine.decoders.taehv_golden import verify_taehv_case
-    from workers.engine.models.wan.vae import WanVAE
 
     rec = ctx.record
     case = Path("tests/golden/taew2_1_tiny")
@@ -1102,7 +1102,7 @@ STAGES = [
     Stage("golden-fp32", "Golden vectors, fp32 (TF32 off): asserted", stage_golden_fp32, 90),
     Stage("golden-bf16", "Golden vectors, bf16: error measured", stage_golden_bf16, 60),
     Stage("toyworld", "toyworld frames on the device vs the CPU; inferix generate", stage_toyworld, 90),
-    Stage("e2e", "Speed: DiT, VAE, end to end through Engine (SDPA, flash-attn)", stage_e2e, 150),
+    Stage("e2e", "Speed: DiT, VAE, end to end through WanEngine (SDPA, flash-attn)", stage_e2e, 150),
     Stage("attention", "Speed: attention kernels at the real shape", stage_attention, 60),
     Stage("kv-offload", "Speed: KV host offload / restore", stage_kv_offload, 60),
     Stage("bench-engine", "Speed: bench/engine.py, paged vs contiguous KV", stage_bench_engine, 120),
@@ -1397,7 +1397,7 @@ def _speed_md(results: dict[str, Any]) -> list[str]:
             f"attention window {shape['attention_window']} (-1: every earlier frame), {shape['blocks']} blocks; "
             f"the Wan VAE ({shape['preset']} config) decoding block by block; random prompt embeddings instead of "
             "the text encoder. "
-            "Measured through `Engine`, as `inferix generate` runs.",
+            "Measured through `WanEngine`, as `inferix generate` runs.",
             "",
             *_table(
                 ["attention", "DiT ms/block", "last block ms", "VAE ms/block", "FPS", "first frame s", "GiB"], "lrrrrrr"

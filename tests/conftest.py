@@ -52,14 +52,14 @@ STARTS: dict[str, str] = {
     "subprocess": "process",
     "Popen": "process",
     "fork": "process",
-    "start_service": "process",  # inferix.mesh.launch: one service as a process
-    "start_mesh": "process",  # inferix.mesh: a whole mesh of processes
+    "start_service": "process",  # inferix_cli.mesh.launch: one service as a process
+    "start_mesh": "process",  # inferix_cli.mesh: a whole mesh of processes
     "start_processes": "multirank",  # torch.multiprocessing: the ranks of a pod (tests/parallel/pod.py)
     "RedisServer": "external",
     "check_helm": "external",  # scripts/check_helm.py: helm lint / template
     "HELM": "external",
     "HADOLINT": "external",
-    "start_nginx_rtmp": "external",  # inferix.mesh.rtmp_relay: nginx with the RTMP module
+    "start_nginx_rtmp": "external",  # inferix_cli.mesh.rtmp_relay: nginx with the RTMP module
     "check_wheels": "external",  # scripts/gpu_check.py: sizes the tree with `git ls-files`
     "sync_playwright": "external",  # drives Chromium
 }

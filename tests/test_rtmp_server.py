@@ -6,7 +6,7 @@ import os
 import socket
 from pathlib import Path
 
-from inferix.mesh.rtmp_relay import start_nginx_rtmp
+from inferix_cli.mesh.rtmp_relay import start_nginx_rtmp
 
 
 def test_nginx_rtmp_starts_from_a_relative_workdir(tmp_path: Path) -> None:

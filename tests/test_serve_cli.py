@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from inferix.cli.main import main
+from inferix_cli.main import main
 
 
 def test_serve_names_the_built_in_models_for_an_unknown_model(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferix.mesh.supervisor import RestartHistory, RestartPolicy
+from inferix_cli.mesh.supervisor import RestartHistory, RestartPolicy
 
 
 def test_backoff_doubles_from_its_base_up_to_its_cap() -> None:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.families.wan.engine import WanEngine
 from toyworld_lab.measure import dominant_colour, read_frame
 from toyworld_lab.world import PALETTE, SceneSpec, simulate
-from workers.engine.engine import Engine
 
 # The object's centroid must stay this many pixels inside the frame to count as on screen.
 ON_SCREEN_MARGIN = 2.0
@@ -54,7 +54,7 @@ def block_stats(index: int, first_frame: int, frames: np.ndarray, colour: str) -
 
 
 def generate_blocks(
-    generator: Engine,
+    generator: WanEngine,
     prompt: str,
     blocks: int,
     seed: int,
@@ -95,7 +95,7 @@ class Drift:
     area_ratio: float  # mean object area of the frames with one / the simulator's mean object area
 
 
-def drift(generator: Engine, spec: SceneSpec, blocks: int, seed: int) -> Drift:
+def drift(generator: WanEngine, spec: SceneSpec, blocks: int, seed: int) -> Drift:
     """Generate `blocks` blocks of the scene's prompt and measure them against the simulator."""
     stats = video_stats(generate_blocks(generator, spec.prompt(), blocks, seed=seed), [spec.colour] * blocks)
     truth = simulator_stats(spec, blocks, seed)
@@ -134,7 +134,7 @@ class PromptFollowing:
     colours: list[list[str | None]]  # per change: the colour of each block
 
 
-def prompt_following(generator: Engine) -> PromptFollowing:
+def prompt_following(generator: WanEngine) -> PromptFollowing:
     """Colour fidelity over PROMPT_SET, and colour changes at block 4 of 8 for its first 8 prompts."""
     right = []
     for seed, spec in enumerate(PROMPT_SET):

@@ -20,6 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.text_encoder import UMT5Encoder
+from engine.families.wan.tokenizer import PromptTokenizer
 from toyworld_lab.measure import read_frame
 from toyworld_lab.play import Player, parse_play_prompt
 from toyworld_lab.train import (
@@ -30,9 +33,6 @@ from toyworld_lab.train import (
     object_weight,
     window_key_rows,
 )
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.models.wan.text_encoder import UMT5Encoder
-from workers.engine.models.wan.tokenizer import PromptTokenizer
 
 
 @dataclass(frozen=True)

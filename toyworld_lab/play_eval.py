@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.families.wan.engine import WanEngine
 from inferix.spec.actions import parse_action_track, parse_held_action
 from toyworld_lab.measure import read_frame
 from toyworld_lab.play import DIRECTIONS, KEYS, Player, PlaySpec, all_play_specs, key_row, random_held
-from workers.engine.engine import Engine
 
 HOLD_BLOCKS = 2
 # From rest the simulator moves the object 11 px in two held blocks; a trial needs at least this
@@ -103,7 +103,7 @@ def pick_key(frames: np.ndarray, preferred: str, frames_held: int) -> str | None
     return None
 
 
-def run_trial(engine: Engine, trial: Trial) -> TrialResult:
+def run_trial(engine: WanEngine, trial: Trial) -> TrialResult:
     schema = engine.action_schema
     assert schema is not None, "a play model takes actions"
     blocks = len(trial.history) + HOLD_BLOCKS
@@ -164,7 +164,7 @@ class Responsiveness:
         )
 
 
-def responsiveness(engine: Engine, trials: list[Trial]) -> Responsiveness:
+def responsiveness(engine: WanEngine, trials: list[Trial]) -> Responsiveness:
     return Responsiveness([run_trial(engine, trial) for trial in trials])
 
 
@@ -178,7 +178,7 @@ def track_keys(path: Path, blocks: int) -> list[list[str]]:
 
 
 def follow_track(
-    engine: Engine, prompt: str, path: Path, blocks: int, seed: int = 0
+    engine: WanEngine, prompt: str, path: Path, blocks: int, seed: int = 0
 ) -> list[tuple[float, float] | None]:
     """The object's centroid at the last frame of each block of a video under the track at `path`."""
     schema = engine.action_schema
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    engine = Engine.load(args.model)
+    engine = WanEngine.load(args.model)
     if args.track is not None:
         keys = track_keys(args.track, args.blocks)
         for block, centroid in enumerate(follow_track(engine, args.prompt, args.track, args.blocks, args.seed)):

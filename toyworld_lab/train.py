@@ -2,7 +2,7 @@
 
 Four stages, on clips simulated on the fly by `world.py`:
 
-1. **VAE.** A pixel-space patch autoencoder (`workers/engine/models/patch_vae.py`: one 8x8
+1. **VAE.** A pixel-space patch autoencoder (`engine/families/wan/patch_vae.py`: one 8x8
    patch <-> 8 latent channels, no time compression) learns to reconstruct simulated frames,
    object pixels weighted up. The per-channel mean and standard deviation of encoded clips become
    its latent normalisation. (The Wan VAE architecture at this width did not converge in a CPU
@@ -25,7 +25,7 @@ Four stages, on clips simulated on the fly by `world.py`:
    output, drifting and fading as it is, the way the simulator would.
 
 The result is a model folder (`model.yaml`, three safetensors in fp16, the byte-level tokenizer)
-that `load_model` reads like any other.
+that `load_wan_model` reads like any other.
 """
 
 from __future__ import annotations
@@ -49,21 +49,21 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from engine.attention.backends import AttentionBackend
+from engine.contract import to_uint8_frames
+from engine.families.wan.autoencoders import load_vae
+from engine.families.wan.checkpoint import load_dit
+from engine.families.wan.dit import CausalWanDiT, CrossAttentionKV
+from engine.families.wan.loader import MODEL_YAML, byte_level_tokenizer, write_byte_level_tokenizer
+from engine.families.wan.patch_vae import PatchVAE, reconstruction_loss
+from engine.families.wan.text_encoder import UMT5Encoder
+from engine.families.wan.tokenizer import PromptTokenizer
+from engine.flow_match import FlowMatchSchedule
 from inferix.errors import UserError
 from inferix.spec.architectures import PatchVAEConfig
 from inferix.spec.presets import ModelPreset, load_preset
 from toyworld_lab.oracle import random_trackers
 from toyworld_lab.world import BACKGROUND, Clip, random_clip
-from workers.engine.attention.backends import AttentionBackend
-from workers.engine.checkpoint import load_dit
-from workers.engine.engine import to_uint8_frames
-from workers.engine.flow_match import FlowMatchSchedule
-from workers.engine.model_dir import MODEL_YAML, byte_level_tokenizer, write_byte_level_tokenizer
-from workers.engine.models.autoencoders import load_vae
-from workers.engine.models.patch_vae import PatchVAE, reconstruction_loss
-from workers.engine.models.wan.dit import CausalWanDiT, CrossAttentionKV
-from workers.engine.models.wan.text_encoder import UMT5Encoder
-from workers.engine.models.wan.tokenizer import PromptTokenizer
 
 PRESET = "toyworld"
 OBJECT_LOSS_WEIGHT = 10.0  # extra weight of object pixels in the VAE's reconstruction loss
@@ -452,7 +452,7 @@ class BlockSampler:
         shape: torch.Size,
         generator: torch.Generator,
     ) -> Tensor:
-        """One block, denoised the way `GenerationSession.generate_block` does (cache read-only)."""
+        """One block, denoised the way `WanLoop.generate_block` does (cache read-only)."""
         return self.trajectory(dit, prompt, cache, start_frame, shape, generator)[-1].x0
 
     def trajectory(

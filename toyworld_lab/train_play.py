@@ -1,10 +1,10 @@
 """Train the toyworld-play model on the CPU: `make train-toyworld-play` (seeded, reproducible).
 
-A fine-tune of the shipped toyworld model (`workers/engine/models/toyworld/weights`), the way its
+A fine-tune of the shipped toyworld model (`engine/families/wan/weights/toyworld`), the way its
 own DiT stage trains (`train.py`), on play clips (`play.py`): one object the arrow keys push.
 
 - The DiT is toyworld's plus a Matrix-Game-style keyboard branch in its first blocks
-  (`workers/engine/models/wan/keyboard.py`); the branch starts fresh with a zero output
+  (`engine/families/wan/keyboard.py`); the branch starts fresh with a zero output
   projection, so the fine-tune starts from exactly the toyworld model, and trains at a higher
   learning rate than the rest.
 - The VAE and the text encoder stay toyworld's (frozen, copied), and so does the latent
@@ -44,6 +44,10 @@ import yaml
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from engine.families.wan.checkpoint import load_dit
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.loader import MODEL_YAML, TOYWORLD_PLAY_WEIGHTS, TOYWORLD_WEIGHTS, byte_level_tokenizer
+from engine.families.wan.text_encoder import UMT5Encoder
 from inferix.spec.presets import ModelPreset, load_preset
 from toyworld_lab.first_block import FirstBlockRollouts
 from toyworld_lab.play import random_play_clip
@@ -61,10 +65,6 @@ from toyworld_lab.train import (
     train_dit,
 )
 from toyworld_lab.world import BACKGROUND
-from workers.engine.checkpoint import load_dit
-from workers.engine.model_dir import MODEL_YAML, TOYWORLD_PLAY_WEIGHTS, TOYWORLD_WEIGHTS, byte_level_tokenizer
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.models.wan.text_encoder import UMT5Encoder
 
 PRESET = "toyworld-play"
 BASE_PRESET = "toyworld"

@@ -26,17 +26,14 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from engine.batching import CPU_MAX_TOKENS, CUDA_MAX_TOKENS
 from inferix.errors import UserError
 from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
-from inferix.spec.magi import is_magi_preset, magi_presets
-from workers.engine.batching import CPU_MAX_TOKENS, CUDA_MAX_TOKENS
 from workers.pod import add_parallel_arguments, rank, world_size
 
 if TYPE_CHECKING:
-    from workers.engine.model_dir import LoadedModel
-    from workers.engine.models.magi.loader import MagiModel
-    from workers.engine.models.matrixgame.loader import MatrixGameModel
-    from workers.engine.parallel.pod_driver import PodDriver
+    from engine.parallel.pod_driver import PodDriver
+    from engine.registry import Model
 
 
 def parse_args() -> argparse.Namespace:
@@ -152,11 +149,8 @@ def main() -> None:
         raise SystemExit(f"--realtime-streams must be >= 0 (0: measured), got {args.realtime_streams}")
     import torch
 
-    from workers.engine.capabilities import MAGI, MATRIXGAME, EngineRequest, check
-    from workers.engine.checkpoint import parse_dtype
-    from workers.engine.families import family_capabilities, magi_folder
-    from workers.engine.model_dir import load_model
-    from workers.engine.models.magi.loader import load_magi_model, magi_preset_of
+    from engine.capabilities import EngineRequest, check
+    from engine.registry import LoadOptions, family_capabilities, load_model
     from workers.pod import run_worker_pod
 
     # The format run_server uses; set here already so that start-up (the pod's plan) is logged too.
@@ -180,25 +174,12 @@ def main() -> None:
             cuda_graphs=args.cuda_graphs,
         )
         check(family, request)  # before minutes of loading
-        if family is MATRIXGAME:
-            from workers.engine.matrixgame_engine import load_model as load_matrixgame
-
-            serve(args, load_matrixgame(args.model, dtype=dtype, device=args.device))
-        elif family is MAGI:
-            magi = magi_folder(args.model)
-            assert magi is not None
-            if not is_magi_preset(magi_preset_of(magi).name):  # checked before minutes of loading
-                raise UserError(
-                    f"{magi}: the mesh knows models by preset name; write model.yaml with 'preset: <name>' "
-                    f"(one of {', '.join(magi_presets())}) instead of a bare run config to serve it"
-                )
-            serve(args, load_magi_model(magi, parse_dtype(dtype), args.device))
-        elif pod:
+        if pod:  # only a family whose capabilities allow pods gets here (checked above)
             run_worker_pod(args, dtype, lambda model, driver: serve(args, model, driver))
             exit_shut_down_rank()
         else:
-            model = load_model(args.model, dtype=dtype, device=args.device, quant=args.quant, decoder=args.decoder)
-            serve(args, model)
+            options = LoadOptions(dtype, args.device, quant=args.quant, decoder=args.decoder)
+            serve(args, load_model(args.model, options, served=True))
     except UserError as exc:
         where = f" (rank {me})" if pod else ""
         print(f"python -m workers{where}: error: {exc}", file=sys.stderr, flush=True)
@@ -216,9 +197,7 @@ def exit_shut_down_rank() -> None:
     os._exit(0)
 
 
-def serve(
-    args: argparse.Namespace, model: LoadedModel | MagiModel | MatrixGameModel, driver: PodDriver | None = None
-) -> None:
+def serve(args: argparse.Namespace, model: Model, driver: PodDriver | None = None) -> None:
     """The gRPC worker service until SIGTERM; with `driver` (rank 0 of a pod) it drives the pod."""
     from workers.service import WorkerConfig, WorkerService, add_to_server
 

@@ -26,15 +26,15 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from engine.families.wan.engine import shared_pool
+from engine.families.wan.loader import LoadedModel, load_wan_model
+from engine.families.wan.pipeline import WanPipeline
+from engine.parallel.context import SequenceParallel
+from engine.parallel.cost import DEFAULT_CONTEXT_FRAMES, ParallelConfig, PlanChoice, WorkloadShape, choose_plan
+from engine.parallel.plan import STRATEGIES
+from engine.parallel.pod_driver import PodDriver, PodEngine
+from engine.parallel.pod_main import init_distributed, serve_pod
 from inferix.spec.sizing import native_latent_size
-from workers.engine.engine import shared_pool
-from workers.engine.model_dir import LoadedModel, load_model
-from workers.engine.parallel.context import SequenceParallel
-from workers.engine.parallel.cost import DEFAULT_CONTEXT_FRAMES, ParallelConfig, PlanChoice, WorkloadShape, choose_plan
-from workers.engine.parallel.plan import STRATEGIES
-from workers.engine.parallel.pod_driver import PodDriver, PodEngine
-from workers.engine.parallel.pod_main import init_distributed, serve_pod
-from workers.engine.pipeline import BlockDiffusionPipeline
 
 log = logging.getLogger("inferix.worker.pod")
 
@@ -92,7 +92,7 @@ def build_worker_pod(model: LoadedModel, parallel: ParallelConfig, kv_pages: int
     """
     choice = choose_plan(parallel, dist.get_world_size(), native_workload(model))
     model.dit.set_sequence_parallel(SequenceParallel(choice.plan))
-    pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config, shared_pool(model, kv_pages))
+    pipeline = WanPipeline(model.dit, model.pipeline_config, shared_pool(model, kv_pages))
     return PodEngine(pipeline), choice
 
 
@@ -110,7 +110,7 @@ def run_worker_pod(args: argparse.Namespace, dtype: str, serve: Callable[[Loaded
     """
     device = init_distributed(args.device)
     me = dist.get_rank()
-    model = load_model(args.model, dtype=dtype, device=device, quant=args.quant, decoder=args.decoder)
+    model = load_wan_model(args.model, dtype=dtype, device=device, quant=args.quant, decoder=args.decoder)
     engine, choice = build_worker_pod(model, parallel_config(args), args.kv_pages)
     if me != 0:
         ignore_stop_signals()  # before the control group exists: rank 0 cannot serve before that

@@ -9,7 +9,7 @@ regenerate the block (bit-identical; the streamer drops the re-sent frames) rath
 Blocks of all sessions run through one `BlockBatcher` (continuous batching): a `RunBlock` adds
 its session's block job, and a pump steps the batcher -- one batched DiT forward for every
 session with a block in progress -- until no job is left. Sessions join and leave at block
-boundaries; a block's numbers do not depend on its batch (see `workers.engine.batching`).
+boundaries; a block's numbers do not depend on its batch (see `engine.batching`).
 Every finished block's latency, with the mean batch it ran in, feeds the worker's real-time
 capacity (`workers.capacity`), which a startup probe measures first and every heartbeat reports
 to kvcache_svc, whose admission keeps each worker within it.
@@ -38,6 +38,13 @@ import grpc
 import numpy as np
 import torch
 
+from engine.batching import BatchJob
+from engine.capabilities import EngineRequest, check
+from engine.contract import Session, SessionRequest, VideoBlock
+from engine.kv.errors import KVCapacityError
+from engine.kv.pool import KVPool
+from engine.parallel.pod_driver import PodDriver
+from engine.registry import Model, engine_for
 from inferix.api.v1 import (
     common_pb2,
     kvcache_pb2,
@@ -56,17 +63,6 @@ from inferix.spec.magi import any_session_shape
 from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from workers import metrics
 from workers.capacity import CapacityMeter, RecentSpeed
-from workers.engine.batching import BatchJob
-from workers.engine.capabilities import EngineRequest, check
-from workers.engine.engine import Engine, EngineSession, VideoBlock, shared_pool
-from workers.engine.kv.errors import KVCapacityError
-from workers.engine.kv.pool import KVPool
-from workers.engine.magi_engine import MagiEngine, MagiSession
-from workers.engine.matrixgame_engine import MatrixGameEngine, MatrixGameSession
-from workers.engine.model_dir import LoadedModel
-from workers.engine.models.magi.loader import MagiModel
-from workers.engine.models.matrixgame.loader import MatrixGameModel
-from workers.engine.parallel.pod_driver import PodDriver
 
 log = logging.getLogger("inferix.worker")
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["WorkerService"].full_name
@@ -74,7 +70,6 @@ INTERNAL_DEADLINE_S = 30.0
 COMMITTED_PAGE_DEADLINE_S = 60.0  # one page of committed blocks (~4 MiB)
 AWAY_RETRY_S = 60.0  # how long frames and commits wait for a restarting streamer / kvcache_svc
 # A session of any engine this worker may run.
-AnyVideo = EngineSession | MagiSession | MatrixGameSession
 
 
 @dataclass
@@ -106,7 +101,7 @@ class BlockOutOfOrder(Exception):
 
 @dataclass
 class _Session:
-    video: AnyVideo
+    video: Session
     streamer: streamer_pb2_grpc.StreamerServiceStub
     fps: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -119,30 +114,18 @@ class _Session:
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     """The worker's RPCs over one loaded model; with `driver`, rank 0 of a sequence-parallel pod."""
 
-    def __init__(
-        self, model: LoadedModel | MagiModel | MatrixGameModel, config: WorkerConfig, driver: PodDriver | None = None
-    ) -> None:
+    def __init__(self, model: Model, config: WorkerConfig, driver: PodDriver | None = None) -> None:
         self.model = model
         self.config = config
-        self.engine: Engine | MagiEngine | MatrixGameEngine
-        if isinstance(model, MatrixGameModel):
-            self.engine = MatrixGameEngine(model, kv_pages=config.kv_pages)
-        elif isinstance(model, MagiModel):
-            self.engine = MagiEngine(model, kv_pages=config.kv_pages)
-        elif driver is None:
-            self.engine = Engine(model, shared_pool(model, config.kv_pages, config.kv_dtype))
-        else:  # the pod's pool was built on every rank with the pod (rank 0's shard here)
-            self.engine = Engine(model, driver=driver)
+        self.engine = engine_for(model, config.kv_pages, config.kv_dtype, driver)
         request = EngineRequest(
             kv_dtype=config.kv_dtype, pod=driver is not None, compile=config.compile, cuda_graphs=config.cuda_graphs
         )
         check(self.engine.capabilities, request)
         if config.compile:
-            assert isinstance(self.engine, Engine)  # the only family whose capabilities say it compiles
             warm = self.engine.compile()  # before the capacity probe, which then measures compiled blocks
             log.info("compiled the DiT step: %d graph(s) in %.1f s", warm.graphs, warm.seconds)
         if config.cuda_graphs:
-            assert isinstance(self.engine, Engine)
             warm = self.engine.use_cuda_graphs()
             log.info("captured the DiT step's CUDA graphs in %.1f s", warm.seconds)
         pool = self.engine.pool
@@ -164,7 +147,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._closed = asyncio.Event()  # a session was closed (a drain waits for its sessions to move)
         self._block_tasks: set[asyncio.Future[common_pb2.BlockEvent]] = set()  # blocks in flight
         self.batcher = self.engine.batcher(config.max_batch_tokens or None, on_forward=metrics.observe_forward)
-        self._waiters: dict[BatchJob[object], tuple[asyncio.Future[VideoBlock], AnyVideo]] = {}
+        self._waiters: dict[BatchJob[object], tuple[asyncio.Future[VideoBlock], Session]] = {}
         self._pump: asyncio.Task[None] | None = None
         self.capacity = CapacityMeter(model.fps, config.realtime_streams)
 
@@ -180,27 +163,21 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             open_session = self.sessions[request.session_id]
             async with open_session.lock:
                 return self._opened(open_session, request.announced_blocks)
-        world = self.engine.capabilities.starts_from == "image"
-        if world and not spec.image:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"spec.image: model {self.model.name!r} needs a start image"
-            )
-        if not world and not spec.prompts:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "spec.prompts: at least one prompt is required")
         try:
             any_session_shape(self.model.preset, spec.resolution.width, spec.resolution.height, spec.num_blocks or None)
             async with self.engine_lock:
                 if request.session_id in self.sessions:  # opened by a concurrent call meanwhile
                     return self._opened(self.sessions[request.session_id], request.announced_blocks)
-                video = await asyncio.to_thread(
-                    self._open_video,
-                    spec.image if world else spec.prompts[0].text,
+                start = SessionRequest(
+                    prompt=spec.prompts[0].text if spec.prompts else None,
+                    image=spec.image or None,
                     width=spec.resolution.width,
                     height=spec.resolution.height,
                     seed=spec.seed,
                     num_blocks=spec.num_blocks or None,
                     session_id=request.session_id,
                 )
+                video = await asyncio.to_thread(self.engine.open_session, start)
         except UserError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except KVCapacityError as exc:  # e.g. a window longer than this worker's whole pool
@@ -210,14 +187,6 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.sessions[request.session_id] = session
         metrics.SESSIONS.set(len(self.sessions))
         return self._opened(session, request.announced_blocks)
-
-    def _open_video(self, start: str | bytes | np.ndarray, **kwargs: Any) -> AnyVideo:
-        """A session of this worker's engine, from its prompt (text models) or start image (PNG / JPEG
-        bytes or RGB pixels, Matrix-Game)."""
-        if isinstance(self.engine, MatrixGameEngine):
-            return self.engine.open(start, **kwargs)
-        assert isinstance(start, str)
-        return self.engine.open(start, **kwargs)
 
     def _opened(self, session: _Session, announced_blocks: int) -> worker_pb2.OpenSessionResponse:
         """The session's next block, and the blocks made here that the scheduler has not announced."""
@@ -240,7 +209,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             event.action.CopyFrom(action)
         return event
 
-    async def _restore(self, video: AnyVideo, session_id: str) -> list[common_pb2.BlockEvent]:
+    async def _restore(self, video: Session, session_id: str) -> list[common_pb2.BlockEvent]:
         """Continue `video` from the session's committed blocks; the events of the blocks restored.
 
         The history is replayed one stream message (a few MiB) at a time, so a worker restores a
@@ -345,11 +314,11 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.speed.record(video_s, block.total_s)
         return event
 
-    async def run_batched(self, video: AnyVideo) -> VideoBlock:
+    async def run_batched(self, video: Session) -> VideoBlock:
         """The session's next block, made in the batch of every block in progress on this worker."""
         entry = self.batcher.add(video.block_job())
         done: asyncio.Future[VideoBlock] = asyncio.get_running_loop().create_future()
-        self._waiters[entry] = (done, video)  # type: ignore[index]
+        self._waiters[entry] = (done, video)
         if self._pump is None or self._pump.done():
             self._pump = asyncio.create_task(self._pump_batches())
         return await done
@@ -395,19 +364,17 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                      c.streams, c.resolution, c.block_ms, c.budget_ms, time.perf_counter() - began)  # fmt: skip
         self.report_capacity_metrics()
 
-    def _probe_start(self) -> str | np.ndarray:
-        """What a probe session starts from: a prompt, or a mid-gray start image at the native size."""
+    def _probe_request(self, index: int) -> SessionRequest:
+        """A two-block probe session: a prompt, or a mid-gray start image at the native size."""
         if self.engine.capabilities.starts_from == "image":
-            return np.full((self.model.height, self.model.width, 3), 128, dtype=np.uint8)
-        return "capacity probe"
+            gray = np.full((self.model.height, self.model.width, 3), 128, dtype=np.uint8)
+            return SessionRequest(image=gray, num_blocks=2, session_id=f"probe-{index}")
+        return SessionRequest(prompt="capacity probe", num_blocks=2, session_id=f"probe-{index}")
 
     async def _probe(self, n: int) -> bool:
         """Two blocks of `n` probe sessions batched; whether all `n` kept real time."""
         async with self.engine_lock:
-            videos = [
-                await asyncio.to_thread(self._open_video, self._probe_start(), num_blocks=2, session_id=f"probe-{i}")
-                for i in range(n)
-            ]
+            videos = [await asyncio.to_thread(self.engine.open_session, self._probe_request(i)) for i in range(n)]
         try:
             for _ in range(2):
                 results = await asyncio.gather(*(self.run_batched(v) for v in videos), return_exceptions=True)

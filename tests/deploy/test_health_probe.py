@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferix.health import check
-from inferix.mesh.launch import ServiceProcess, start_service
+from inferix_cli.mesh.launch import ServiceProcess, start_service
 
 KVCACHE_SERVICE = "inferix.v1.KVCacheService"
 

@@ -21,7 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferix.client import Client, StateChanged
-from inferix.mesh import Mesh, start_mesh
+from inferix_cli.mesh import Mesh, start_mesh
 from tests.deploy.conftest import CHART, Render, find
 from tests.deploy.promql import Selector, selectors
 from tests.mesh.conftest import KEY_A, mesh_config

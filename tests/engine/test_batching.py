@@ -13,27 +13,25 @@ import hashlib
 import pytest
 import torch
 
+from engine.batching import BlockBatcher, ForwardStats
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.pipeline import BlockOutput, WanLoop, WanPipeline
+from engine.kv import KVPool
+from engine.kv.errors import KVCapacityError
 from inferix.spec.sampling import BlockConfig
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_pipeline
-from workers.engine import Engine
-from workers.engine.batching import BlockBatcher, ForwardStats
-from workers.engine.kv import KVPool
-from workers.engine.kv.errors import KVCapacityError
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, GenerationSession
 
 WINDOW = BlockConfig(num_frame_per_block=3, local_attn_size=9, sink_size=3)
 STEPS = (1000, 750, 500, 250)
 
 
-def pipeline() -> BlockDiffusionPipeline:
+def pipeline() -> WanPipeline:
     pipe = tiny_pipeline(WINDOW, steps=STEPS, dit_config=dataclasses.replace(TINY_DIT, rope_max_positions=24))
     pipe.pool = KVPool(pipe.pool_spec(LATENT_H, LATENT_W, frames=64))
     return pipe
 
 
-def open_session(
-    pipe: BlockDiffusionPipeline, n: int, height: int = LATENT_H, width: int = LATENT_W
-) -> GenerationSession:
+def open_session(pipe: WanPipeline, n: int, height: int = LATENT_H, width: int = LATENT_W) -> WanLoop:
     return pipe.open_session(prompt(n), height, width, seed=100 + n, session_id=f"s{n}")
 
 
@@ -48,7 +46,7 @@ class Scenario:
     positions), C 2 blocks in with a prompt change and re-cache pending, D fresh; each then makes
     `blocks` more blocks."""
 
-    def __init__(self, pipe: BlockDiffusionPipeline) -> None:
+    def __init__(self, pipe: WanPipeline) -> None:
         self.sessions = {name: open_session(pipe, n) for n, name in enumerate("ABCD")}
         for name, done in (("B", 9), ("C", 2)):
             for _ in range(done):
@@ -103,7 +101,7 @@ def test_sessions_join_and_leave_mid_stream() -> None:
 
     pipe = pipeline()
     batcher = BlockBatcher(pipe.dit)
-    sessions: dict[int, GenerationSession] = {}
+    sessions: dict[int, WanLoop] = {}
     jobs: dict[int, object] = {}
     got: dict[int, list[BlockOutput]] = {n: [] for n in lengths}
     concurrency = []
@@ -145,7 +143,7 @@ def test_calls_of_few_rows_batched_equal_each_alone() -> None:
     config = dataclasses.replace(TINY_DIT, dim=128, ffn_dim=384, num_heads=2, rope_max_positions=24)
     height = width = 4  # 2x2 tokens per latent frame: 12 rows per 3-frame call
 
-    def narrow() -> BlockDiffusionPipeline:
+    def narrow() -> WanPipeline:
         pipe = tiny_pipeline(WINDOW, steps=STEPS, dit_config=config)
         pipe.pool = KVPool(pipe.pool_spec(height, width, frames=64))
         return pipe
@@ -194,7 +192,7 @@ def test_a_session_without_kv_pages_fails_alone() -> None:
 
 def test_toyworld_frames_batched_have_the_sha256_of_each_session_alone() -> None:
     """The product's default model, end to end (DiT, VAE decode, uint8 frames)."""
-    engine = Engine.load("toyworld")
+    engine = WanEngine.load("toyworld")
     args = [("a red ball bouncing", 1), ("two green squares falling", 2), ("a blue ball", 3)]
 
     def digest(frames: list[bytes]) -> str:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from engine.capabilities import MAGI, MATRIXGAME, WAN, Capabilities, EngineRequest, check, refusal
+from engine.families.magi.engine import MagiEngine
+from engine.families.matrixgame.engine import MatrixGameEngine
+from engine.families.wan.engine import WanEngine
+from engine.registry import family_capabilities
 from inferix.errors import UserError
-from workers.engine.capabilities import MAGI, MATRIXGAME, WAN, Capabilities, EngineRequest, check, refusal
-from workers.engine.engine import Engine
-from workers.engine.families import family_capabilities
-from workers.engine.magi_engine import MagiEngine
-from workers.engine.matrixgame_engine import MatrixGameEngine
 
 
 def test_every_engine_declares_its_family() -> None:
-    assert (Engine.capabilities, MagiEngine.capabilities, MatrixGameEngine.capabilities) == (WAN, MAGI, MATRIXGAME)
+    assert (WanEngine.capabilities, MagiEngine.capabilities, MatrixGameEngine.capabilities) == (WAN, MAGI, MATRIXGAME)
     assert family_capabilities(None) is WAN and family_capabilities("toyworld-play") is WAN
     assert family_capabilities("matrixgame2-tiny") is MATRIXGAME
 

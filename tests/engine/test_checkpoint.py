@@ -13,19 +13,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from engine.checkpoint import _parameters_on_meta, load_into, parse_dtype, read_state_dict, seeded_state_dict
+from engine.families.wan.autoencoders import load_vae
+from engine.families.wan.checkpoint import load_dit
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.vae import WanVAE
 from inferix.errors import CheckpointError, UserError
 from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
-from workers.engine.checkpoint import (
-    _parameters_on_meta,
-    load_dit,
-    load_into,
-    parse_dtype,
-    read_state_dict,
-    seeded_state_dict,
-)
-from workers.engine.models.autoencoders import load_vae
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.models.wan.vae import WanVAE
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 CASE = GOLDEN / "selfforcing_tiny_global"

@@ -10,15 +10,15 @@ import torch
 from torch import Tensor
 from torch._dynamo.utils import counters
 
-from inferix.cli.main import build_parser
+from engine.compiled import CompileOptions, compile_dit, warm_up, warm_up_blocks
+from engine.families.wan.dit import CausalWanDiT, DiTCall
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.pipeline import WanPipeline
+from engine.kv import KVPool, KVPoolSpec, PagedSessionCache
+from engine.quant import parse_quant, quantize_linears
 from inferix.spec.sampling import BlockConfig
+from inferix_cli.main import build_parser
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit, tiny_pipeline
-from workers.engine import Engine
-from workers.engine.compiled import CompileOptions, compile_dit, warm_up, warm_up_blocks
-from workers.engine.kv import KVPool, KVPoolSpec, PagedSessionCache
-from workers.engine.models.wan.dit import CausalWanDiT, DiTCall
-from workers.engine.pipeline import BlockDiffusionPipeline
-from workers.engine.quant import parse_quant, quantize_linears
 
 TOKENS = TINY_DIT.tokens_per_frame(LATENT_H, LATENT_W)
 WINDOW, SINK = 4, 1
@@ -71,7 +71,7 @@ def test_a_step_is_one_graph_while_the_window_fills_and_rolls(frames_per_block: 
     assert len(cache.frames) == WINDOW  # it rolled
 
 
-def latents(pipeline: BlockDiffusionPipeline, seeds: list[int], num_blocks: int) -> list[Tensor]:
+def latents(pipeline: WanPipeline, seeds: list[int], num_blocks: int) -> list[Tensor]:
     out = []
     with torch.no_grad():
         for seed in seeds:
@@ -151,7 +151,7 @@ def test_batched_forwards_stay_eager() -> None:
 @pytest.mark.slow  # torch.compile's inductor: C++ built with g++, tens of seconds on 2 cores
 def test_an_engine_compiles_at_start_up_and_its_sessions_match_eager_ones() -> None:
     torch._dynamo.reset()
-    engine = Engine.load("toyworld")
+    engine = WanEngine.load("toyworld")
     with engine.open("a red ball bouncing to the right", seed=3, num_blocks=3) as session:
         expected = [block.latents for block in session]
     warm = engine.compile(options=CompileOptions(backend="aot_eager"))

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from engine.families.wan.dit import AttentionBlock, CausalWanDiT, CrossAttentionKV, DiTCall
+from engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, PagedSessionCache, SelfAttentionCache
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit
-from workers.engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, PagedSessionCache, SelfAttentionCache
-from workers.engine.models.wan.dit import AttentionBlock, CausalWanDiT, CrossAttentionKV, DiTCall
 
 TOKENS = TINY_DIT.tokens_per_frame(LATENT_H, LATENT_W)
 FRAMES, WINDOW, SINK, BLOCKS = 2, 5, 1, 5  # blocks 0-1 fill the window, 2-4 roll it

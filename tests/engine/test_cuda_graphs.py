@@ -5,24 +5,24 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.cuda_graphs import StaticStep, use_cuda_graphs
+from engine.families.wan.pipeline import WanPipeline
+from engine.kv import KVPool
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from tests.engine.tiny import LATENT_H, LATENT_W, prompt, tiny_dit
-from workers.engine.cuda_graphs import StaticStep, use_cuda_graphs
-from workers.engine.kv import KVPool
-from workers.engine.pipeline import BlockDiffusionPipeline
 
 ROLLING = BlockConfig(num_frame_per_block=2, local_attn_size=5, sink_size=1)
 
 
-def pooled_pipeline(block: BlockConfig) -> BlockDiffusionPipeline:
+def pooled_pipeline(block: BlockConfig) -> WanPipeline:
     config = PipelineConfig(block=block, sampling=SamplingConfig(denoising_steps=(1000, 750, 500)))
     dit = tiny_dit()
-    pipeline = BlockDiffusionPipeline(dit, config)
+    pipeline = WanPipeline(dit, config)
     pipeline.pool = KVPool(pipeline.pool_spec(LATENT_H, LATENT_W, 40))
     return pipeline
 
 
-def video(pipeline: BlockDiffusionPipeline, seed: int, blocks: int = 6) -> list[torch.Tensor]:
+def video(pipeline: WanPipeline, seed: int, blocks: int = 6) -> list[torch.Tensor]:
     with pipeline.open_session(prompt(seed), LATENT_H, LATENT_W, seed=seed, num_blocks=blocks) as session:
         return [b.latents for b in session]
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferix.cli.main import main
+from inferix_cli.main import main
 from tests.streamer.media import ffprobe
 
 
 def inferix(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "inferix", *args], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, "-m", "inferix_cli", *args], capture_output=True, text=True, timeout=300, check=False
     )
 
 

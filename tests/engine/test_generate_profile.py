@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inferix.cli.main import main
+from inferix_cli.main import main
 
 
 def test_generate_writes_a_profile_with_engine_regions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from inferix.cli.main import main
+from engine.golden import find_cases
+from engine.registry import is_wan_case
+from inferix_cli.main import main
 from tests.conftest import GOLDEN_CASES, GOLDEN_DIR
-from workers.engine.golden import find_cases
-from workers.engine.golden_kinds import is_wan_case
 
 
 @pytest.mark.parametrize("case", GOLDEN_CASES)

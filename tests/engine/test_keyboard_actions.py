@@ -9,12 +9,12 @@ import dataclasses
 import pytest
 import torch
 
+from engine.batching import BlockBatcher
+from engine.families.wan.keyboard import KeyboardBranch
+from engine.families.wan.pipeline import BlockOutput, ReplayBlock, WanLoop, WanPipeline
 from inferix.spec.architectures import KeyboardActionConfig
 from inferix.spec.sampling import BlockConfig
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit, tiny_pipeline
-from workers.engine.batching import BlockBatcher
-from workers.engine.models.wan.keyboard import KeyboardBranch
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, GenerationSession, ReplayBlock
 
 KEYS = KeyboardActionConfig(keys=4, window=3, embed_dim=8, attn_dim=16, heads=2, layers=(0,))
 ACTION_DIT = dataclasses.replace(TINY_DIT, action=KEYS)
@@ -22,7 +22,7 @@ WINDOW = BlockConfig(num_frame_per_block=3, local_attn_size=6, sink_size=0)
 NF = WINDOW.num_frame_per_block
 
 
-def action_pipeline() -> BlockDiffusionPipeline:
+def action_pipeline() -> WanPipeline:
     """A tiny action DiT whose branch is not the identity (its output projection is randomised)."""
     pipe = tiny_pipeline(WINDOW, dit_config=ACTION_DIT)
     torch.manual_seed(7)
@@ -42,7 +42,7 @@ def held(*keys: int) -> torch.Tensor:
 PLAN = [held(), held(3), held(3), held(0, 2), held(), held(1), held(1)]
 
 
-def run(session: GenerationSession, plan: list[torch.Tensor]) -> list[BlockOutput]:
+def run(session: WanLoop, plan: list[torch.Tensor]) -> list[BlockOutput]:
     out = []
     for rows in plan:
         session.set_key_rows(rows)

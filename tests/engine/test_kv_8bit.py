@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.attention.backends import AttentionBackend
+from engine.batching import BlockBatcher
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.pipeline import WanLoop, WanPipeline
+from engine.kv import KVCapacityError, KVPool, KVPoolSpec
+from engine.registry import load_engine
 from inferix.errors import UserError
 from inferix.spec.sampling import BlockConfig
 from tests.engine.magi.conftest import make_magi_folder
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_pipeline
-from workers.engine.attention.backends import AttentionBackend
-from workers.engine.batching import BlockBatcher
-from workers.engine.engine import Engine
-from workers.engine.families import load_engine
-from workers.engine.kv import KVCapacityError, KVPool, KVPoolSpec
-from workers.engine.pipeline import BlockDiffusionPipeline, GenerationSession
 
 WINDOW = BlockConfig(num_frame_per_block=3, local_attn_size=9, sink_size=3)
 STEPS = (1000, 750, 500, 250)
@@ -32,13 +32,13 @@ TOKENS = 4  # page size of the hand-built pools
 REL_ERROR_BOUND = {"fp8": 5e-3, "int8": 1e-3}
 
 
-def pipeline(kv_dtype: str, frames: int = 32) -> BlockDiffusionPipeline:
+def pipeline(kv_dtype: str, frames: int = 32) -> WanPipeline:
     pipe = tiny_pipeline(WINDOW, steps=STEPS, dit_config=dataclasses.replace(TINY_DIT, rope_max_positions=24))
     pipe.pool = KVPool(pipe.pool_spec(LATENT_H, LATENT_W, frames, kv_dtype))
     return pipe
 
 
-def video(pipe: BlockDiffusionPipeline, seed: int = 0) -> torch.Tensor:
+def video(pipe: WanPipeline, seed: int = 0) -> torch.Tensor:
     with pipe.open_session(prompt(seed), LATENT_H, LATENT_W, seed=seed, num_blocks=BLOCKS) as session:
         latents = torch.cat([session.generate_block().latents for _ in range(BLOCKS)], dim=1)
         assert session.cache.position_offset > 0  # the 8-bit keys were turned (re-based) too
@@ -188,19 +188,19 @@ def test_unknown_kv_dtypes_are_refused() -> None:
         KVPoolSpec(1, 1, 1, 1, 1, kv_dtype="fp16")
     pipe = tiny_pipeline()
     with pytest.raises(ValueError, match="kv_dtype must be one of"):
-        BlockDiffusionPipeline(pipe.dit, pipe.config, kv_dtype="e5m2")
+        WanPipeline(pipe.dit, pipe.config, kv_dtype="e5m2")
     assert make_pool("auto").kv_read_path == "direct"
 
 
 def test_the_engine_makes_every_pool_8bit() -> None:
-    shared = Engine.load("tiny", kv_pages=8, kv_dtype="int8")
+    shared = WanEngine.load("tiny", kv_pages=8, kv_dtype="int8")
     assert shared.pool is not None and shared.pool.spec.kv_dtype == "int8"
-    own = Engine.load("tiny", kv_dtype="fp8")  # no shared pool: each session's pool is its own
+    own = WanEngine.load("tiny", kv_dtype="fp8")  # no shared pool: each session's pool is its own
     with own.open("a prompt", num_blocks=1) as session:
         session.next_block()
-        assert isinstance(session.session, GenerationSession) and session.session.pool.spec.kv_dtype == "fp8"
+        assert isinstance(session.session, WanLoop) and session.session.pool.spec.kv_dtype == "fp8"
     with pytest.raises(ValueError, match="pass pool or kv_dtype"):
-        Engine.load("tiny", pool=shared.pool, kv_dtype="fp8")
+        WanEngine.load("tiny", pool=shared.pool, kv_dtype="fp8")
 
 
 def test_magi_refuses_8bit_kv(tmp_path: Path) -> None:

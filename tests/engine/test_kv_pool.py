@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.engine.attention.backends import AttentionBackend
-from workers.engine.kv import ContiguousKVCache, KVCapacityError, KVOrderError, KVPool, KVPoolSpec
+from engine.attention.backends import AttentionBackend
+from engine.kv import ContiguousKVCache, KVCapacityError, KVOrderError, KVPool, KVPoolSpec
 
 TOKENS = 4  # tokens per frame = page size
 

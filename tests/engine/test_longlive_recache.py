@@ -12,17 +12,17 @@ import pytest
 import torch
 from torch import Tensor
 
+from engine.families.wan.pipeline import ReplayBlock, WanPipeline
+from engine.kv import ContiguousKVCache
+from engine.noise import SeededNoise
 from inferix.spec.sampling import BlockConfig, PipelineConfig, PromptSwitchConfig
 from tests.engine.tiny import LATENT_H, LATENT_W, prompt, tiny_pipeline
-from workers.engine.kv import ContiguousKVCache
-from workers.engine.noise import SeededNoise
-from workers.engine.pipeline import BlockDiffusionPipeline, ReplayBlock
 
 SEED = 3
 
 
 def reference_run(
-    pipeline: BlockDiffusionPipeline, blocks: int, switches: dict[int, int], global_sink: bool
+    pipeline: WanPipeline, blocks: int, switches: dict[int, int], global_sink: bool
 ) -> tuple[Tensor, Tensor]:
     """LongLive 1.0's `InteractiveCausalInferencePipeline.inference` with `_recache_after_switch`:
     returns the latents and layer 1's final cached K, in the reference's layout."""
@@ -68,9 +68,7 @@ def reference_run(
     return torch.cat(output, dim=1), cache.k[1, 0, : cache.local_end]
 
 
-def engine_run(
-    pipeline: BlockDiffusionPipeline, blocks: int, switches: dict[int, int]
-) -> tuple[Tensor, Tensor, list[bool]]:
+def engine_run(pipeline: WanPipeline, blocks: int, switches: dict[int, int]) -> tuple[Tensor, Tensor, list[bool]]:
     with pipeline.open_session(prompt(0), LATENT_H, LATENT_W, seed=SEED, num_blocks=blocks) as session:
         outputs = []
         for b in range(blocks):
@@ -99,7 +97,7 @@ def test_recache_matches_longlives_loop(case: str, global_sink: bool) -> None:
     block, blocks, switches = CASES[case]
     pipeline = tiny_pipeline(block, steps=(1000, 750, 500))
     config = dataclasses.replace(pipeline.config, prompt_switch=PromptSwitchConfig(True, global_sink))
-    pipeline = BlockDiffusionPipeline(pipeline.dit, config)
+    pipeline = WanPipeline(pipeline.dit, config)
     with torch.no_grad():
         ref_latents, ref_k = reference_run(pipeline, blocks, switches, global_sink)
         latents, k, recached = engine_run(pipeline, blocks, switches)
@@ -116,7 +114,7 @@ def test_the_global_sink_is_what_tells_the_variants_apart_after_the_window_rolle
         pipeline = tiny_pipeline(block)
         config = dataclasses.replace(pipeline.config, prompt_switch=PromptSwitchConfig(True, global_sink))
         with torch.no_grad():
-            results.append(engine_run(BlockDiffusionPipeline(pipeline.dit, config), blocks, switches)[0])
+            results.append(engine_run(WanPipeline(pipeline.dit, config), blocks, switches)[0])
     assert (results[0] - results[1]).abs().max() > 1e-3
 
 
@@ -126,7 +124,7 @@ def test_a_session_replayed_after_a_switch_continues_bit_identically() -> None:
     block, blocks, switches = CASES["switches_after_the_window_rolled"]
     pipeline = tiny_pipeline(block)
     config = dataclasses.replace(pipeline.config, prompt_switch=PromptSwitchConfig(True, False))
-    pipeline = BlockDiffusionPipeline(pipeline.dit, config)
+    pipeline = WanPipeline(pipeline.dit, config)
     segment = [0] * blocks
     for b in range(blocks):
         segment[b] = switches.get(b, segment[b - 1] if b else 0)

@@ -10,14 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.golden import WanCase, check_prompt_switches
+from engine.families.wan.loader import load_wan_model
+from engine.families.wan.lora import LoraAdapter, merge_lora
+from engine.kv import ContiguousKVCache
 from inferix.errors import UserError
 from tests.engine.longlive_folder import GOLDEN_CASE, TARGETS, write_longlive_folder
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit
-from workers.engine.golden import GoldenCase, check_prompt_switches
-from workers.engine.kv import ContiguousKVCache
-from workers.engine.lora import LoraAdapter, merge_lora
-from workers.engine.model_dir import load_model
-from workers.engine.models.wan.dit import CausalWanDiT
 
 
 def _peft_dit(rank: int, alpha: float) -> tuple[CausalWanDiT, peft.PeftModel]:
@@ -80,7 +80,7 @@ def test_an_adapter_that_does_not_fit_is_refused_in_one_line(tmp_path: Path) -> 
 
 def test_a_longlive_folder_loads_base_plus_adapter_and_reproduces_the_switch_golden(tmp_path: Path) -> None:
     folder = write_longlive_folder(tmp_path / "longlive")
-    model = load_model(folder)
+    model = load_wan_model(folder)
     assert model.name == "longlive-tiny"
     config = model.pipeline_config
     assert (config.prompt_switch.recache, config.prompt_switch.global_sink) == (True, True)
@@ -88,7 +88,7 @@ def test_a_longlive_folder_loads_base_plus_adapter_and_reproduces_the_switch_gol
     state = model.dit.state_dict()
     assert max((state[k] - golden[k]).abs().max().item() for k in golden) < 1e-6
     # The merged DiT runs LongLive's prompt switches as the reference did.
-    case = GoldenCase(GOLDEN_CASE)
+    case = WanCase(GOLDEN_CASE)
     case.build_dit = lambda: model.dit  # type: ignore[method-assign]
     results = list(check_prompt_switches(case, 1e-5))
     assert len(results) > 90 and all(r.passed for r in results), [r for r in results if not r.passed][:3]
@@ -98,7 +98,7 @@ def test_a_longlive_folder_without_its_adapter_says_how_to_get_it(tmp_path: Path
     folder = write_longlive_folder(tmp_path / "longlive")
     (folder / "models" / "lora.pt").unlink()
     with pytest.raises(UserError, match=r"missing the LoRA adapter .*lora.pt or .*models/lora.pt.*copy the adapter"):
-        load_model(folder)
+        load_wan_model(folder)
     (folder / "models" / "lora.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(UserError, match="cannot read LoRA adapter .*lora.pt: the file is truncated"):
-        load_model(folder)
+        load_wan_model(folder)

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engine.families.wan.autoencoders import load_vae
+from engine.families.wan.patch_vae import PatchVAE
 from inferix.errors import UserError
 from inferix.spec.architectures import PatchVAEConfig
 from inferix.spec.presets import load_preset
-from workers.engine.models.autoencoders import load_vae
-from workers.engine.models.patch_vae import PatchVAE
 
 
 def test_streaming_decode_equals_one_shot_and_frames_are_not_compressed_in_time() -> None:

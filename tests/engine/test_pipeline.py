@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.pipeline import ReplayBlock, WanPipeline
+from engine.kv import ContiguousKVCache, KVCapacityError, KVPool
+from engine.noise import SeededNoise, draw_seed
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit, tiny_pipeline
-from workers.engine.kv import ContiguousKVCache, KVCapacityError, KVPool
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.noise import SeededNoise, draw_seed
-from workers.engine.pipeline import BlockDiffusionPipeline, ReplayBlock
 
 ROLLING = BlockConfig(num_frame_per_block=2, local_attn_size=5, sink_size=1)
 
 
-def run(pipeline: BlockDiffusionPipeline, blocks: int, seed: int = 7, **kwargs) -> list[torch.Tensor]:
+def run(pipeline: WanPipeline, blocks: int, seed: int = 7, **kwargs) -> list[torch.Tensor]:
     with pipeline.open_session(prompt(0), LATENT_H, LATENT_W, seed=seed, num_blocks=blocks, **kwargs) as s:
         return [b.latents for b in s]
 
@@ -91,7 +91,7 @@ def test_paged_cache_equals_the_contiguous_reference_layout_through_the_dit() ->
 def test_euler_solver_integrates_the_flow_ode_without_fresh_noise() -> None:
     steps = (1000, 750, 500, 250)
     euler = PipelineConfig(block=ROLLING, sampling=SamplingConfig(denoising_steps=steps, solver="euler"))
-    pipeline = BlockDiffusionPipeline(tiny_dit(), euler)
+    pipeline = WanPipeline(tiny_dit(), euler)
     generated = run(pipeline, 3)
     dit, sched = pipeline.dit, pipeline.schedule
     tokens = TINY_DIT.tokens_per_frame(LATENT_H, LATENT_W)
@@ -222,7 +222,7 @@ def test_bad_input_names_the_parameter() -> None:
 
 
 def test_flash_backend_request_without_flash_attn_is_a_clear_error() -> None:
-    from workers.engine.attention.backends import flash_attention_available
+    from engine.attention.backends import flash_attention_available
 
     if flash_attention_available():
         assert CausalWanDiT(TINY_DIT, attention_backend="flash").backend.name == "flash"

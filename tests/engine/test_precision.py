@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.engine.model_dir import load_model
-from workers.engine.precision import cpu_precision, emulated_dtype_reason, onednn_dtype, warn_if_emulated
+from engine.families.wan.loader import load_wan_model
+from engine.precision import cpu_precision, emulated_dtype_reason, onednn_dtype, warn_if_emulated
 
 CPUINFO = Path("/proc/cpuinfo")
 
@@ -57,11 +57,11 @@ def test_emulated_dtypes_get_a_measured_reason(dtype: torch.dtype) -> None:
 
 
 def test_loading_warns_only_for_an_emulated_cpu_dtype(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="workers.engine.precision"):
+    with caplog.at_level(logging.WARNING, logger="engine.precision"):
         warn_if_emulated(torch.float32, "cpu")
         warn_if_emulated(torch.bfloat16, "cuda")
         assert not caplog.records
-        load_model("tiny", dtype="bf16")
+        load_wan_model("tiny", dtype="bf16")
     warnings = [r.getMessage() for r in caplog.records]
     if cpu_precision().native_bf16:
         assert not warnings

@@ -1,4 +1,4 @@
-"""Model presets, model folders and load_model: the yaml data, the tiny built-in model, golden folders."""
+"""Model presets, model folders and load_wan_model: the yaml data, the tiny built-in model, golden folders."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import yaml
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from engine.families.wan.golden import WanCase
+from engine.families.wan.loader import MODEL_YAML, LoadedModel, byte_level_tokenizer, load_wan_model, resolve_model_dir
+from engine.families.wan.pipeline import WanPipeline
+from engine.families.wan.vae import to_unit_range
+from engine.flow_match import FlowMatchSchedule
+from engine.noise import RecordedNoise
 from inferix.errors import UserError
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.presets import available_presets, load_preset
-from workers.engine.flow_match import FlowMatchSchedule
-from workers.engine.golden import GoldenCase
-from workers.engine.model_dir import MODEL_YAML, LoadedModel, byte_level_tokenizer, load_model, resolve_model_dir
-from workers.engine.models.wan.vae import to_unit_range
-from workers.engine.noise import RecordedNoise
-from workers.engine.pipeline import BlockDiffusionPipeline
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 TOLERANCE = 1e-5
@@ -62,7 +62,7 @@ def test_reference_presets_sample_like_the_reference(
     assert (p.fps, p.video.height, p.video.width) == (16, 480, 832)
     assert p.files is not None and p.files.vae == "Wan2.1_VAE.pth"
     # Same sampling as the reference code that produced the golden vectors.
-    assert p.pipeline.sampling == GoldenCase(GOLDEN / case).pipeline_config().sampling
+    assert p.pipeline.sampling == WanCase(GOLDEN / case).pipeline_config().sampling
     timesteps = FlowMatchSchedule(p.pipeline.sampling.schedule).denoising_timesteps(p.pipeline.sampling)
     assert timesteps.dtype == dtype and timesteps.tolist() == steps
 
@@ -103,7 +103,7 @@ def test_unknown_preset_lists_the_available_ones() -> None:
 
 @pytest.fixture(scope="module")
 def tiny() -> LoadedModel:
-    return load_model("tiny")
+    return load_wan_model("tiny")
 
 
 def test_byte_level_tokenizer() -> None:
@@ -119,7 +119,7 @@ def test_tiny_model_generates_a_block(tiny: LoadedModel) -> None:
     assert (tiny.name, tiny.fps, tiny.height, tiny.width, tiny.source) == ("tiny", 16, 128, 128, None)
     embeds = tiny.prompt_encoder.encode(["a red fox runs through the snow"])
     assert embeds.shape == (1, 128, 32)
-    pipeline = BlockDiffusionPipeline(tiny.dit, tiny.pipeline_config)
+    pipeline = WanPipeline(tiny.dit, tiny.pipeline_config)
     session = pipeline.open_session(embeds, tiny.height // 8, tiny.width // 8, seed=3, num_blocks=1)
     block = session.generate_block()
     assert block.latents.shape == (1, 3, 16, 16, 16) and torch.isfinite(block.latents).all()
@@ -129,7 +129,7 @@ def test_tiny_model_generates_a_block(tiny: LoadedModel) -> None:
 
 
 def test_tiny_model_is_deterministic(tiny: LoadedModel) -> None:
-    again = load_model("tiny", dtype="bf16")
+    again = load_wan_model("tiny", dtype="bf16")
     ours, theirs = tiny.dit.state_dict(), again.dit.state_dict()
     assert all(theirs[k].dtype == torch.bfloat16 and torch.equal(theirs[k], v.bfloat16()) for k, v in ours.items())
 
@@ -174,7 +174,7 @@ def _golden_folder(case: str, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("case", ["selfforcing_tiny_global", "causvid_tiny"])
 def test_model_folder_reproduces_the_golden_first_block(case: str, tmp_path: Path) -> None:
-    model = load_model(_golden_folder(case, tmp_path))
+    model = load_wan_model(_golden_folder(case, tmp_path))
     assert model.source == tmp_path / case and model.fps == 16
     inputs = load_file(str(GOLDEN / case / "inputs.safetensors"))
     outputs = load_file(str(GOLDEN / case / "outputs.safetensors"))
@@ -188,7 +188,7 @@ def test_model_folder_reproduces_the_golden_first_block(case: str, tmp_path: Pat
         if (match := re.fullmatch(r"renoise_b(\d+)_s(\d+)", key)) is not None:
             renoise[(int(match.group(1)), int(match.group(2)))] = tensor
     noise = RecordedNoise(inputs["initial_noise"], renoise)
-    pipeline = BlockDiffusionPipeline(model.dit, model.pipeline_config)
+    pipeline = WanPipeline(model.dit, model.pipeline_config)
     _, _, _, h, w = inputs["initial_noise"].shape
     session = pipeline.open_session(inputs["prompt_embeds"], h, w, noise=noise, num_blocks=1)
     latents = session.generate_block().latents
@@ -214,7 +214,7 @@ def test_model_folder_with_a_wan_dit_folder(tmp_path: Path) -> None:
     (root / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(
         (GOLDEN / case / "dit.safetensors").read_bytes()
     )
-    model = load_model(root)
+    model = load_wan_model(root)
     assert model.dit.config == WanDiTConfig.from_dict(dit)
     assert model.preset.dit == model.dit.config
 

@@ -16,14 +16,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from inferix.errors import CheckpointError, UserError
-from inferix.spec.presets import load_preset
-from tests.conftest import GOLDEN_DIR
-from workers.engine.golden import GoldenCase
-from workers.engine.model_dir import TOYWORLD_WEIGHTS, load_model
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.pipeline import BlockDiffusionPipeline
-from workers.engine.quant import (
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.golden import WanCase
+from engine.families.wan.loader import TOYWORLD_WEIGHTS, load_wan_model
+from engine.families.wan.pipeline import WanPipeline
+from engine.quant import (
     QUANT_MODES,
     QuantLinear,
     check_quant_device,
@@ -32,14 +29,17 @@ from workers.engine.quant import (
     quantize_linears,
     quantized_skeleton,
 )
-from workers.engine.quant.folder import quantized_dit_name, write_quantized_folder
-from workers.engine.quant.kernels import (
+from engine.quant.kernels import (
     int8_activation_levels,
     int8_matmul,
     pack_int8_weight,
     quantize_tokens,
     quantize_weight,
 )
+from engine.quantized_folder import quantized_dit_name, write_quantized_folder
+from inferix.errors import CheckpointError, UserError
+from inferix.spec.presets import load_preset
+from tests.conftest import GOLDEN_DIR
 
 MODES = [name for name, mode in QUANT_MODES.items() if mode.enabled]
 # Relative L2 error of the two golden DiT calls against the unquantized DiT, measured on
@@ -51,13 +51,13 @@ REL_ERROR_BOUND = {"int8": 2e-2, "int8-wo": 1e-2, "fp8": 5e-2, "fp8-tensor": 5e-
 WAN_CASES = ["causvid_tiny", "selfforcing_tiny_global", "selfforcing_tiny_rolling"]
 
 
-def golden_forward(case: GoldenCase, dit: CausalWanDiT) -> list[Tensor]:
+def golden_forward(case: WanCase, dit: CausalWanDiT) -> list[Tensor]:
     """The flows of the case's two DiT calls (the second attends to the first)."""
     config = case.pipeline_config()
     data = case.tensors("dit_forward")
     prompt = dit.encode_prompt(case.tensors("inputs")["prompt_embeds"])
     _, frames, _, h, w = data["dit_fwd_in0"].shape
-    cache = BlockDiffusionPipeline(dit, config).open_cache(None, "q", h, w, frames=2 * frames)
+    cache = WanPipeline(dit, config).open_cache(None, "q", h, w, frames=2 * frames)
     with torch.no_grad():
         return [
             dit(data[f"dit_fwd_in{i}"], data[f"dit_fwd_t{i}"], prompt, cache, start_frame=i * frames) for i in (0, 1)
@@ -66,7 +66,7 @@ def golden_forward(case: GoldenCase, dit: CausalWanDiT) -> list[Tensor]:
 
 @pytest.mark.parametrize("case_name", WAN_CASES)
 def test_every_mode_runs_within_its_measured_error_on_the_golden_models(case_name: str) -> None:
-    case = GoldenCase(GOLDEN_DIR / case_name)
+    case = WanCase(GOLDEN_DIR / case_name)
     dit = case.build_dit()
     reference = golden_forward(case, dit)
     for name in MODES:
@@ -79,7 +79,7 @@ def test_every_mode_runs_within_its_measured_error_on_the_golden_models(case_nam
 
 
 def test_kept_layers_stay_in_high_precision() -> None:
-    dit = quantize_linears(load_model("tiny").dit, parse_quant("int8"))
+    dit = quantize_linears(load_wan_model("tiny").dit, parse_quant("int8"))
     for name in ("text_embedding.0", "time_embedding.0", "time_projection.1", "head.head"):
         assert isinstance(dit.get_submodule(name), nn.Linear), name
     assert dit.patch_embedding.weight.dtype == torch.float32
@@ -143,8 +143,8 @@ def test_quantize_save_load_equals_quantize_on_load(name: str, tmp_path: Path) -
     mode = parse_quant(name)
     written = write_quantized_folder(None, mode, tmp_path / "q")
     assert written.quantized_bytes < 0.62 * written.source_bytes  # toyworld is tiny: its kept layers weigh more
-    from_folder = load_model(tmp_path / "q").dit
-    on_load = load_model(None, quant=name).dit
+    from_folder = load_wan_model(tmp_path / "q").dit
+    on_load = load_wan_model(None, quant=name).dit
     saved, fresh = from_folder.state_dict(), on_load.state_dict()
     assert saved.keys() == fresh.keys()
     for key in saved:
@@ -153,7 +153,7 @@ def test_quantize_save_load_equals_quantize_on_load(name: str, tmp_path: Path) -
     assert torch.equal(from_folder.blocks[0].ffn[0](x), on_load.blocks[0].ffn[0](x))
     # The folder's model.yaml names its mode; int8 weights also run weight-only.
     assert isinstance(
-        load_model(tmp_path / "q", quant=f"{name}-wo" if name == "int8" else name).dit.blocks[0].ffn[0], QuantLinear
+        load_wan_model(tmp_path / "q", quant=f"{name}-wo" if name == "int8" else name).dit.blocks[0].ffn[0], QuantLinear
     )
 
 
@@ -171,8 +171,8 @@ def test_the_public_scaled_fp8_layout_loads_like_fp8_tensor(tmp_path: Path) -> N
         else:
             public[key] = tensor
     save_file(public, str(folder / quantized_dit_name(parse_quant("fp8-tensor"))))
-    loaded = load_model(folder).dit
-    reference = load_model(None, quant="fp8-tensor").dit
+    loaded = load_wan_model(folder).dit
+    reference = load_wan_model(None, quant="fp8-tensor").dit
     for key, tensor in reference.state_dict().items():
         assert torch.equal(loaded.state_dict()[key].float(), tensor.float()), key
 
@@ -189,7 +189,7 @@ def test_a_missing_scale_is_refused_naming_the_file(tmp_path: Path) -> None:
     del state["blocks.0.ffn.2.weight_scale"]
     save_file(state, str(dit))
     with pytest.raises(CheckpointError, match=rf"{dit}.*mixes quantized and unquantized.*blocks.0.ffn.2"):
-        load_model(dit.parent)
+        load_wan_model(dit.parent)
 
 
 def test_a_mismatched_scale_is_refused_naming_the_file(tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ def test_a_mismatched_scale_is_refused_naming_the_file(tmp_path: Path) -> None:
     state["blocks.1.self_attn.q.weight_scale"] = state["blocks.1.self_attn.q.weight_scale"][:3]
     save_file(state, str(dit))
     with pytest.raises(CheckpointError, match=rf"{dit}.*blocks.1.self_attn.q.weight_scale"):
-        load_model(dit.parent)
+        load_wan_model(dit.parent)
 
 
 def test_8bit_weights_without_scales_are_an_unknown_layout(tmp_path: Path) -> None:
@@ -205,14 +205,14 @@ def test_8bit_weights_without_scales_are_an_unknown_layout(tmp_path: Path) -> No
     state = {k: v for k, v in state.items() if not k.endswith("weight_scale")}
     save_file(state, str(dit))
     with pytest.raises(CheckpointError, match=rf"{dit}: tensor .* quantized layout Inferix does not read"):
-        load_model(dit.parent)
+        load_wan_model(dit.parent)
 
 
 def test_a_quantized_folder_refuses_another_mode(tmp_path: Path) -> None:
     dit, _ = _written(tmp_path)
     for other in ("fp8", "none"):
         with pytest.raises(CheckpointError, match=rf"{dit} holds int8-quantized weights.*--quant {other}"):
-            load_model(dit.parent, quant=other)
+            load_wan_model(dit.parent, quant=other)
 
 
 def test_bad_quant_values_get_one_line_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -247,7 +247,7 @@ def test_bad_quant_values_get_one_line_errors(tmp_path: Path, monkeypatch: pytes
 
 def test_quantize_cli_writes_a_folder_and_refuses_a_used_path(tmp_path: Path) -> None:
     out = tmp_path / "toyworld-int8"
-    command = [sys.executable, "-m", "inferix", "quantize", "--quant", "int8", "--out", str(out)]
+    command = [sys.executable, "-m", "inferix_cli", "quantize", "--quant", "int8", "--out", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert "DiT" in done.stderr and f"--model {out}" in done.stderr
@@ -268,10 +268,10 @@ def test_a_model_yaml_can_ask_for_a_mode(tmp_path: Path) -> None:
         (folder / item.name).symlink_to(item)
     (folder / "model.yaml").unlink()
     (folder / "model.yaml").write_text((TOYWORLD_WEIGHTS / "model.yaml").read_text() + "quant: int8-wo\n")
-    assert load_model(folder).dit.blocks[0].ffn[0].mode.name == "int8-wo"
+    assert load_wan_model(folder).dit.blocks[0].ffn[0].mode.name == "int8-wo"
     (folder / "model.yaml").write_text((TOYWORLD_WEIGHTS / "model.yaml").read_text() + "quant: int3\n")
     with pytest.raises(UserError, match=r"model.yaml: 'quant: int3' is not a mode"):
-        load_model(folder)
+        load_wan_model(folder)
 
 
 def test_a_sharded_folder_mixing_quantized_and_unquantized_shards_names_them(tmp_path: Path) -> None:
@@ -290,4 +290,4 @@ def test_a_sharded_folder_mixing_quantized_and_unquantized_shards_names_them(tmp
     yaml_path = folder / "model.yaml"
     yaml_path.write_text(yaml_path.read_text().replace("dit: dit-int8.safetensors", f"dit: {dit}"))
     with pytest.raises(CheckpointError, match=r"mixes quantized and unquantized.*\(in part-1.*\(in part-2"):
-        load_model(folder)
+        load_wan_model(folder)

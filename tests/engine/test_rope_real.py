@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from workers.engine.models.wan.rope import RopeTable, apply_rope, rope_pair_split, rotate_pairs
+from engine.families.wan.rope import RopeTable, apply_rope, rope_pair_split, rotate_pairs
 
 CPU = torch.device("cpu")
 

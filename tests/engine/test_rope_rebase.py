@@ -14,15 +14,15 @@ import dataclasses
 import pytest
 import torch
 
+from engine.families.wan.pipeline import BlockOutput, ReplayBlock, WanPipeline
+from engine.families.wan.rope import rotate_time
+from engine.kv import ContiguousKVCache, KVPool
+from engine.noise import SeededNoise
 from inferix.errors import UserError
 from inferix.spec.presets import load_preset
 from inferix.spec.sampling import BlockConfig, RopeRebase
 from inferix.spec.sizing import session_shape
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_pipeline
-from workers.engine.kv import ContiguousKVCache, KVPool
-from workers.engine.models.wan.rope import rotate_time
-from workers.engine.noise import SeededNoise
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, ReplayBlock
 
 TABLE = 24
 WINDOW = BlockConfig(num_frame_per_block=3, local_attn_size=9, sink_size=3)
@@ -32,12 +32,12 @@ BLOCKS = 30  # 90 frames: the table 3.75 times, 4 re-bases
 TOL = 1e-5
 
 
-def pipeline(table: int = TABLE, block: BlockConfig = WINDOW) -> BlockDiffusionPipeline:
+def pipeline(table: int = TABLE, block: BlockConfig = WINDOW) -> WanPipeline:
     """The same weights whatever the table: it is not a parameter."""
     return tiny_pipeline(block, dit_config=dataclasses.replace(TINY_DIT, rope_max_positions=table))
 
 
-def generate(pipe: BlockDiffusionPipeline, blocks: int, seed: int = 7) -> list[BlockOutput]:
+def generate(pipe: WanPipeline, blocks: int, seed: int = 7) -> list[BlockOutput]:
     with pipe.open_session(prompt(0), LATENT_H, LATENT_W, seed=seed, num_blocks=blocks) as session:
         return list(session)
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.families.wan.rope import RopeTable, apply_rope, rope_pair_split, rotate_time
 from inferix.spec.sampling import BlockConfig, RopeRebase, rope_rebase
-from workers.engine.models.wan.rope import RopeTable, apply_rope, rope_pair_split, rotate_time
 
 HEAD_DIM = 16  # 4 time pairs, 2 height, 2 width
 TABLE = RopeTable(HEAD_DIM, max_positions=64)

@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
+from engine.families.wan.text_encoder import PromptEncoder, UMT5Encoder, _clamp_fp16, relative_position_buckets
+from engine.families.wan.tokenizer import PromptTokenizer, clean_prompt
 from inferix.errors import CheckpointError, UserError
 from inferix.spec.architectures import UMT5Config
-from workers.engine.models.wan.text_encoder import PromptEncoder, UMT5Encoder, _clamp_fp16, relative_position_buckets
-from workers.engine.models.wan.tokenizer import PromptTokenizer, clean_prompt
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 GOLDEN_CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "text.safetensors").is_file())

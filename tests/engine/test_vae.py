@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
+from engine.families.wan.autoencoders import load_vae
+from engine.families.wan.vae import WanVAE, to_unit_range
 from inferix.errors import CheckpointError
 from inferix.spec.architectures import WanVAEConfig
 from tests.conftest import GOLDEN_CASES, GOLDEN_DIR
-from workers.engine.models.autoencoders import load_vae
-from workers.engine.models.wan.vae import WanVAE, to_unit_range
 
 TINY = WanVAEConfig(dim=4, num_res_blocks=1)
 

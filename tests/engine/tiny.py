@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.pipeline import WanPipeline
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.pipeline import BlockDiffusionPipeline
 
 TINY_DIT = WanDiTConfig(text_len=8, dim=32, ffn_dim=64, freq_dim=16, text_dim=16, num_heads=2, num_layers=2)
 LATENT_H, LATENT_W = 4, 6  # 2x3 = 6 tokens per latent frame
@@ -23,9 +23,9 @@ def tiny_pipeline(
     seed: int = 0,
     steps: tuple[float, ...] = (1000, 750, 500),
     dit_config: WanDiTConfig = TINY_DIT,
-) -> BlockDiffusionPipeline:
+) -> WanPipeline:
     config = PipelineConfig(block=block or BlockConfig(), sampling=SamplingConfig(denoising_steps=steps))
-    return BlockDiffusionPipeline(tiny_dit(seed, dit_config), config)
+    return WanPipeline(tiny_dit(seed, dit_config), config)
 
 
 def prompt(seed: int, tokens: int = 5) -> torch.Tensor:

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
-from inferix.mesh.launch import ServiceProcess, start_service
+from inferix_cli.mesh.launch import ServiceProcess, start_service
 from tests.store.redis_server import RedisServer
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferix.cli.main import main
 from inferix.media import Mp4Writer
+from inferix_cli.main import main
 from tests.lvbench import synthetic
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from inferix.cli.main import main
-from inferix.mesh import Mesh, MeshConfig, start_mesh
+from inferix_cli.main import main
+from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 
 KEY = "lvbench-key-0123456789"
 

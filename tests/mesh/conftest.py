@@ -14,7 +14,7 @@ import pytest
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
 from inferix.client import Client, PromptChange
-from inferix.mesh import Mesh, MeshConfig, start_mesh
+from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 from tests.otlp import SpanCollector
 
 KEY_A = "key-a-0123456789abcdef"

@@ -9,15 +9,15 @@ import sys
 import time
 
 from inferix.client import Client
-from inferix.mesh import Mesh
 from inferix.server import INTERNAL_TOKEN_ENV
+from inferix_cli.mesh import Mesh
 
 
 def cluster_status(mesh: Mesh, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in mesh.config.env.items() if k != INTERNAL_TOKEN_ENV}
     if token is not None:
         env[INTERNAL_TOKEN_ENV] = token
-    command = [sys.executable, "-m", "inferix", "cluster", "status", "--kvcache", mesh.kvcache.address, *args]
+    command = [sys.executable, "-m", "inferix_cli", "cluster", "status", "--kvcache", mesh.kvcache.address, *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, check=False)
 
 

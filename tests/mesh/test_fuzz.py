@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferix.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from inferix.mesh import Mesh
+from inferix_cli.mesh import Mesh
 from tests.mesh.conftest import KEY_A
 
 EXPECTED = {

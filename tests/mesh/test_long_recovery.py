@@ -14,8 +14,8 @@ import grpc
 import numpy as np
 
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc
-from inferix.mesh import start_mesh
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
+from inferix_cli.mesh import start_mesh
 from kvcache_svc.service import STREAM_MESSAGE_BYTES
 from tests.mesh.conftest import mesh_config
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.registry import load_engine
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix.mesh import start_mesh
+from inferix_cli.mesh import start_mesh
 from tests.engine.magi.conftest import SECOND_PROMPT, make_magi_folder
 from tests.mesh.conftest import KEY_A, kill_worker, mesh_config, stream_info
-from workers.engine.families import load_engine
 
 CHUNKS, SEED = 6, 11
 

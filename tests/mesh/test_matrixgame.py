@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 from inferix.client import AsyncClient, BlockDone, Client, CommandAccepted, SessionError, StateChanged
-from inferix.mesh import Mesh, start_mesh
+from inferix_cli.mesh import Mesh, start_mesh
 from scheduler.sessions import ACTION_BURST
 from tests.mesh.conftest import KEY_A, kill_worker, mesh_config, replace_worker, stream_info
 
@@ -61,7 +61,7 @@ def generate_digest(image: Path, track: list[dict[str, object]], seed: int, work
     """sha256 of the frames `inferix generate --model matrixgame2-tiny --image --actions` makes."""
     actions = workdir / f"track-{seed}.json"
     actions.write_text(json.dumps(track))
-    command = [sys.executable, "-m", "inferix", "generate", "--model", MODEL, "--image", str(image)]
+    command = [sys.executable, "-m", "inferix_cli", "generate", "--model", MODEL, "--image", str(image)]
     command += ["--actions", str(actions), "--blocks", str(BLOCKS), "--seed", str(seed), "--threads", "1"]
     command += ["--quiet", "--out", str(workdir / f"generate-{seed}.mp4")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
@@ -166,7 +166,7 @@ def test_a_session_of_an_image_model_needs_an_image_and_no_prompt(world_mesh: Me
 
 def test_cli_session_act(world_mesh: Mesh, start_image: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "inferix", "session", "--server", world_mesh.address, "--api-key", KEY_A]
+        command = [sys.executable, "-m", "inferix_cli", "session", "--server", world_mesh.address, "--api-key", KEY_A]
         return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120, check=False)
 
     created = cli("create", "--model", MODEL, "--image", str(start_image), "--blocks", "12")

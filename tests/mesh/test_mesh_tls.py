@@ -28,11 +28,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client import BlockDone, Client, PromptChange
 from inferix.health import check
-from inferix.mesh import Mesh, start_mesh
-from inferix.mesh.local import MESH_ROLES
 from inferix.mesh_channel import CHECK_INTERVAL_S, RotatingChannel
 from inferix.mesh_tls import MeshTls
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
+from inferix_cli.mesh import Mesh, start_mesh
+from inferix_cli.mesh.local import MESH_ROLES
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config
 from tests.mesh.test_supervisor import Serve, assert_stopped_cleanly
 from tests.tls.certs import Authority, install_pair, serial_of, served_serial

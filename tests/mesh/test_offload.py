@@ -11,8 +11,8 @@ import pytest
 
 from inferix.api.v1 import worker_pb2, worker_pb2_grpc
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix.mesh import Mesh, start_mesh
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
+from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 
 SEEDS = (21, 22)

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from inferix.client import Client, PromptChange, StateChanged
-from inferix.mesh import Mesh, start_mesh
+from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 
 BLOCKS = 4

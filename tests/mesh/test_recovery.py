@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix.mesh import Mesh, start_mesh
-from inferix.mesh.launch import ServiceProcess
+from inferix_cli.mesh import Mesh, start_mesh
+from inferix_cli.mesh.launch import ServiceProcess
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 from tests.store.redis_server import RedisServer
 

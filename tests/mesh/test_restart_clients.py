@@ -54,7 +54,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) ->
 
 
 def cli(mesh: Serve, *args: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "inferix", "session", "--server", mesh.address, "--api-key", KEY_A, *args]
+    command = [sys.executable, "-m", "inferix_cli", "session", "--server", mesh.address, "--api-key", KEY_A, *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -19,8 +19,8 @@ import pytest
 
 from inferix.api.v1 import worker_pb2, worker_pb2_grpc
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix.mesh import Mesh, start_mesh
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
+from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 from tests.store.redis_server import RedisServer
 
@@ -34,7 +34,7 @@ def restart_scheduler(mesh: Mesh, how: str) -> None:
 
 
 def watch_cli(mesh: Mesh, session_id: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "inferix", "session", "--server", mesh.address, "--api-key", KEY_A]
+    command = [sys.executable, "-m", "inferix_cli", "session", "--server", mesh.address, "--api-key", KEY_A]
     return subprocess.Popen([*command, "watch", session_id], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -11,8 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc
 from inferix.client import BlockDone, Client, CommandAccepted, PromptChange, SessionError, StateChanged
-from inferix.mesh import Mesh
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
+from inferix_cli.mesh import Mesh
 from tests.mesh.conftest import KEY_B, generate_digest, stream_info
 from tests.streamer.media import ffprobe
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix.mesh import start_mesh
-from inferix.mesh.launch import start_service
+from inferix_cli.mesh import start_mesh
+from inferix_cli.mesh.launch import start_service
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 from tests.store.redis_server import start_redis_server
 

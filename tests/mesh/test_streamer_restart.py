@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix.mesh import Mesh, start_mesh
+from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 from tests.streamer.media import ffprobe
 

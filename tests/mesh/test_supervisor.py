@@ -32,8 +32,8 @@ import pytest
 
 from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc, streamer_pb2, streamer_pb2_grpc
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix.mesh.rtmp_relay import nginx_rtmp_missing
 from inferix.server import INTERNAL_TOKEN_HEADER
+from inferix_cli.mesh.rtmp_relay import nginx_rtmp_missing
 from tests.mesh.conftest import KEY_A, KEY_B, generate_digest
 
 TOKEN = "supervisor-test-internal-token"
@@ -74,14 +74,14 @@ def left_running(processes: dict[int, int]) -> list[int]:
 
 
 class Serve:
-    """`python -m inferix serve ...` in the background, its output collected line by line."""
+    """`python -m inferix_cli serve ...` in the background, its output collected line by line."""
 
     def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         keys = workdir.parent / f"{workdir.name}-api-keys"
         keys.write_text(f"{KEY_A} alice\n{KEY_B} bob\n")
-        cmd = [sys.executable, "-m", "inferix", "serve", "--port", "0", "--http-port", "0"]
+        cmd = [sys.executable, "-m", "inferix_cli", "serve", "--port", "0", "--http-port", "0"]
         cmd += ["--workdir", str(workdir), "--api-keys-file", str(keys), *args]
         # One torch thread per worker: the numerics of `inferix generate --threads 1`.
         environ = {**os.environ, "INFERIX_THREADS": "1", "INFERIX_INTERNAL_TOKEN": TOKEN, **(env or {})}

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from safetensors.torch import save_file
 
+from engine.decoders.taehv import TAEHVLayout, random_taehv_state
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix.mesh import Mesh, start_mesh
+from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, generate_digest, kill_worker, mesh_config, replace_worker, stream_info
 from tests.store.redis_server import RedisServer
-from workers.engine.decoders.taehv import TAEHVLayout, random_taehv_state
 
 BLOCKS = 4
 SEED = 21

@@ -13,7 +13,7 @@ import pytest
 
 from inferix.api.v1 import scheduler_pb2, scheduler_pb2_grpc
 from inferix.client import BlockDone, Client, SessionError
-from inferix.mesh import Mesh, MeshConfig, start_mesh
+from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 from scheduler.auth import key_digest
 from scheduler.rpc import MAX_REFUSED_COMMANDS
 from tests.otlp import SpanCollector

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from inferix.client import BlockDone, Client, CommandAccepted, SessionError, StateChanged
-from inferix.mesh import Mesh, start_mesh
+from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, kill_worker, mesh_config, replace_worker, stream_info
 
 MODEL = "toyworld-play"
@@ -37,7 +37,7 @@ def generate_digest(track: list[dict[str, object]], seed: int, workdir: Path) ->
     """sha256 of the frames `inferix generate --model toyworld-play --actions` makes."""
     actions = workdir / f"track-{seed}.json"
     actions.write_text(json.dumps(track))
-    command = [sys.executable, "-m", "inferix", "generate", "--model", MODEL, "--prompt", PROMPT]
+    command = [sys.executable, "-m", "inferix_cli", "generate", "--model", MODEL, "--prompt", PROMPT]
     command += ["--actions", str(actions), "--blocks", str(BLOCKS), "--seed", str(seed), "--threads", "1"]
     command += ["--quiet", "--out", str(workdir / f"generate-{seed}.mp4")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)

@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from inferix.client import Client, StateChanged
-from inferix.mesh import Mesh
 from inferix.telemetry import SESSION_ID_ATTR
+from inferix_cli.mesh import Mesh
 from tests.mesh.conftest import KEY_A
 from tests.otlp import SpanCollector
 

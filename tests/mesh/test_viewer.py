@@ -24,9 +24,9 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from inferix.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from inferix.client import BlockDone, Client, CommandAccepted, SessionError, StateChanged
-from inferix.mesh import Mesh
 from inferix.spec.presets import load_preset
 from inferix.viewer_token import METADATA_KEY, ViewerTokens
+from inferix_cli.mesh import Mesh
 from scheduler.validation import InvalidRequest, validate_spec
 from tests.mesh.conftest import KEY_A, KEY_B
 from tests.streamer.live import pull_rtmp
@@ -266,7 +266,7 @@ def test_the_cli_creates_an_rtmp_session_that_plays(mesh: Mesh) -> None:
     """`inferix session create --rtmp` (the CLI itself): the id on stdout, the URLs on stderr, and the
     RTMP URL plays; `session get` shows it too."""
     assert mesh.rtmp_server is not None, f"the mesh has no RTMP server: {mesh.rtmp_note}"
-    cli = [sys.executable, "-m", "inferix", "session", "--server", mesh.address, "--api-key", KEY_A]
+    cli = [sys.executable, "-m", "inferix_cli", "session", "--server", mesh.address, "--api-key", KEY_A]
     create = subprocess.run(
         [*cli, "create", "--prompt", "a red ball", "--blocks", "96", "--rtmp"],
         capture_output=True,

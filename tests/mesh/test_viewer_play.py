@@ -22,7 +22,7 @@ from PIL import Image
 from playwright.sync_api import Browser, Page
 
 from inferix.client import BlockDone, Client
-from inferix.mesh import Mesh, start_mesh
+from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, mesh_config
 from tests.mesh.test_viewer import browser, wait_for
 from toyworld_lab.measure import read_frame

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from inferix.cli.main import main
+from inferix_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "a red ball bouncing to the right"

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from workers.engine.parallel.pod_main import init_distributed
+from engine.parallel.pod_main import init_distributed
 
 
 def free_port() -> int:

@@ -21,14 +21,14 @@ import pytest
 import torch
 from torch import Tensor
 
+from engine.families.magi.golden import TOLERANCE, MagiCase
+from engine.families.magi.parallel import MagiUlysses, check_magi_split
+from engine.families.magi.pipeline import RecordedChunkNoise
+from engine.parallel.comm import CommCounter
+from engine.parallel.cost import MagiWorkload, choose_magi_plan, predict_magi
+from engine.parallel.plan import ParallelConfigError
 from tests.conftest import GOLDEN_DIR
 from tests.parallel.pod import run_ranks
-from workers.engine.chunk_pipeline import RecordedChunkNoise
-from workers.engine.magi_golden import TOLERANCE, MagiCase
-from workers.engine.parallel.comm import CommCounter
-from workers.engine.parallel.cost import MagiWorkload, choose_magi_plan, predict_magi
-from workers.engine.parallel.magi import MagiUlysses, check_magi_split
-from workers.engine.parallel.plan import ParallelConfigError
 
 WORLD = 2
 SP_ATOL = 1e-4  # fp32 rounding through the chunk pipeline; 10x the worst measured (module docstring)

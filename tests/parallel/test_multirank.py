@@ -17,21 +17,21 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from torch import Tensor
 
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.golden import WanCase
+from engine.families.wan.pipeline import BlockOutput, ReplayBlock, WanPipeline
+from engine.families.wan.vae import WanVAE
+from engine.parallel.context import SequenceParallel
+from engine.parallel.cost import ParallelConfig, WorkloadShape, predict
+from engine.parallel.golden import verify_case_parallel
+from engine.parallel.plan import ParallelConfigError, ParallelPlan
+from engine.parallel.pod_driver import PodDriver, VAEDecodeSink
+from engine.parallel.pod_main import PodSpec, build_pod, main, run_pod
 from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from tests.conftest import GOLDEN_CASES, GOLDEN_DIR
 from tests.engine.tiny import TINY_DIT, prompt, tiny_pipeline
 from tests.parallel.pod import run_ranks
-from workers.engine.golden import GoldenCase
-from workers.engine.models.wan.dit import CausalWanDiT
-from workers.engine.models.wan.vae import WanVAE
-from workers.engine.parallel.context import SequenceParallel
-from workers.engine.parallel.cost import ParallelConfig, WorkloadShape, predict
-from workers.engine.parallel.golden import verify_case_parallel
-from workers.engine.parallel.plan import ParallelConfigError, ParallelPlan
-from workers.engine.parallel.pod_driver import PodDriver, VAEDecodeSink
-from workers.engine.parallel.pod_main import PodSpec, build_pod, main, run_pod
-from workers.engine.pipeline import BlockDiffusionPipeline, BlockOutput, ReplayBlock
 
 TOL = 1e-5
 BLOCKS = 4
@@ -49,7 +49,7 @@ class Run:
     bytes_per_block: list[dict[str, int]]
 
 
-def scenario(pipeline: BlockDiffusionPipeline, h: int, w: int, parallel: SequenceParallel | None = None) -> Run:
+def scenario(pipeline: WanPipeline, h: int, w: int, parallel: SequenceParallel | None = None) -> Run:
     """Four blocks; a new prompt before block 2, another one with recache before block 3."""
     run = Run([], [], [], [])
     with pipeline.open_session(prompt(0), h, w, seed=7, num_blocks=BLOCKS) as session:
@@ -131,7 +131,7 @@ def golden_diffs(cases: list[str], config: ParallelConfig) -> dict[str, float | 
     worst: dict[str, float | str] = {}
     for name in cases:
         try:
-            choice, comparisons = verify_case_parallel(GoldenCase(GOLDEN_DIR / name), config)
+            choice, comparisons = verify_case_parallel(WanCase(GOLDEN_DIR / name), config)
         except ParallelConfigError as exc:
             worst[name] = str(exc)
             continue
@@ -187,11 +187,11 @@ def test_generate_entry_point_under_torchrun_environment(tmp_path: Path) -> None
     codes = run_ranks(lambda rank: main([*argv, "--out", str(out)]), 2, tmp_path)
     assert codes == [0, 0]
 
-    case = GoldenCase(GOLDEN_DIR / "selfforcing_tiny_global")
+    case = WanCase(GOLDEN_DIR / "selfforcing_tiny_global")
     torch.manual_seed(0)  # --init-seed: the pod's random weights
     dit = CausalWanDiT(case.dit_config()).eval()
     sampling = SamplingConfig(denoising_steps=(1000, 500))
-    pipeline = BlockDiffusionPipeline(dit, PipelineConfig(block=BlockConfig(3), sampling=sampling))
+    pipeline = WanPipeline(dit, PipelineConfig(block=BlockConfig(3), sampling=sampling))
     embeds = torch.randn(1, 16, dit.config.text_dim, generator=torch.Generator().manual_seed(3))
     with pipeline.open_session(embeds, 8, 12, seed=3, num_blocks=2) as session:
         expected = torch.cat([b.latents for b in session], dim=1)

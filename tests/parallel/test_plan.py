@@ -6,12 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.parallel.attention import attention_with_lse, merge_partials
+from engine.parallel.cost import LinkModel, ParallelConfig, WorkloadShape, choose_plan, predict
+from engine.parallel.plan import ParallelConfigError, ParallelPlan, candidate_plans
+from engine.parallel.pod_main import main
 from inferix.spec.architectures import WAN21_T2V_1_3B, WAN21_T2V_14B, WanDiTConfig
 from inferix.spec.sampling import BlockConfig
-from workers.engine.parallel.attention import attention_with_lse, merge_partials
-from workers.engine.parallel.cost import LinkModel, ParallelConfig, WorkloadShape, choose_plan, predict
-from workers.engine.parallel.plan import ParallelConfigError, ParallelPlan, candidate_plans
-from workers.engine.parallel.pod_main import main
 
 
 def real_shape(dit: WanDiTConfig = WAN21_T2V_1_3B, context_frames: int = 21) -> WorkloadShape:
@@ -84,7 +84,7 @@ def test_pass_q_moves_a_block_where_pass_kv_moves_the_whole_context() -> None:
 def test_automatic_choice_is_logged_with_its_prediction(
     dit: WanDiTConfig, world: int, expected: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level("INFO", logger="workers.engine.parallel.cost"):
+    with caplog.at_level("INFO", logger="engine.parallel.cost"):
         choice = choose_plan(ParallelConfig(), world, real_shape(dit))
     assert choice.plan.name == expected
     assert choice.alternatives[0] is choice.cost

@@ -15,12 +15,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from engine.families.wan.pipeline import ReplayBlock, WanPipeline
+from engine.parallel.context import SequenceParallel
+from engine.parallel.plan import ParallelPlan
 from inferix.spec.sampling import BlockConfig
 from tests.engine.tiny import TINY_DIT, prompt, tiny_pipeline
 from tests.parallel.pod import run_ranks
-from workers.engine.parallel.context import SequenceParallel
-from workers.engine.parallel.plan import ParallelPlan
-from workers.engine.pipeline import BlockDiffusionPipeline, ReplayBlock
 
 TOL = 1e-5
 SHORT_TABLE = dataclasses.replace(TINY_DIT, rope_max_positions=24)
@@ -30,7 +30,7 @@ H, W = 4, 6  # 6 tokens per frame, 2 heads
 PLANS = [ParallelPlan(2, 1), ParallelPlan(1, 2, "pass-kv"), ParallelPlan(1, 2, "pass-q")]
 
 
-def session_run(pipe: BlockDiffusionPipeline, parallel: SequenceParallel | None = None) -> dict[str, list[Tensor]]:
+def session_run(pipe: WanPipeline, parallel: SequenceParallel | None = None) -> dict[str, list[Tensor]]:
     """BLOCKS blocks, a prompt change with recache after the crossing; the final cache; a replay."""
     out: dict[str, list[Tensor]] = {"latents": [], "kv": [], "replayed": []}
     committed = []

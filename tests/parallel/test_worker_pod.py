@@ -3,7 +3,7 @@
 Real processes throughout: a mesh whose one worker is a torchrun pod serves a session with a
 prompt change, and its frames must equal those of the single-rank `inferix generate` CLI. Rank 0
 alone serves (gRPC and metrics ports); the follower binds none and leaves when rank 0 drains.
-The worker's session path over a pod (`Engine(driver=...)`, `PodSession`: offload,
+The worker's session path over a pod (`WanEngine(driver=...)`, `PodSession`: offload,
 prefetch and concurrent callers) runs on forked ranks against the single-rank worker path.
 
 Bit-exactness: Ulysses gives the single-rank frames bit for bit (each rank runs the same attention
@@ -21,16 +21,17 @@ from typing import Any
 
 import numpy as np
 
+from engine.contract import VideoBlock
+from engine.families.wan.engine import WanEngine, shared_pool
+from engine.families.wan.loader import load_wan_model
+from engine.parallel.cost import ParallelConfig
+from engine.parallel.pod_driver import PodDriver
+from engine.parallel.pod_main import serve_pod
 from inferix.client import BlockDone, Client, PromptChange
-from inferix.mesh import start_mesh
-from inferix.mesh.launch import ServiceProcess
+from inferix_cli.mesh import start_mesh
+from inferix_cli.mesh.launch import ServiceProcess
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 from tests.parallel.pod import run_ranks
-from workers.engine.engine import Engine, VideoBlock, shared_pool
-from workers.engine.model_dir import load_model
-from workers.engine.parallel.cost import ParallelConfig
-from workers.engine.parallel.pod_driver import PodDriver
-from workers.engine.parallel.pod_main import serve_pod
 from workers.pod import build_worker_pod
 
 LISTEN = "0A"  # TCP state in /proc/net/tcp
@@ -106,7 +107,7 @@ def test_pod_worker_serves_a_session_like_the_single_rank_cli(tmp_path: Path) ->
     assert streamed.frames_sha256 == generate_digest(schedule, 4, 5)  # bit-exact with the single-rank CLI
 
 
-def worker_path(generator: Engine, concurrent: bool) -> dict[str, Any]:
+def worker_path(generator: WanEngine, concurrent: bool) -> dict[str, Any]:
     """What the worker service does with sessions: two sessions, an offload and a prefetch, a prompt
     change, then blocks of both sessions from two threads at once (or one after the other)."""
     a = generator.open("a red ball bouncing", seed=5, num_blocks=3, session_id="a")
@@ -138,15 +139,15 @@ def worker_path(generator: Engine, concurrent: bool) -> dict[str, Any]:
 
 
 def test_pod_sessions_match_the_single_rank_worker_path(tmp_path: Path) -> None:
-    model = load_model("tiny")  # the forked ranks inherit it (and shard their own copy of its DiT)
-    reference = worker_path(Engine(model, shared_pool(model, 64)), concurrent=False)
+    model = load_wan_model("tiny")  # the forked ranks inherit it (and shard their own copy of its DiT)
+    reference = worker_path(WanEngine(model, shared_pool(model, 64)), concurrent=False)
 
     def rank_main(rank: int) -> dict[str, Any]:
         engine, choice = build_worker_pod(model, ParallelConfig(), kv_pages=64)  # auto: ring-pass-kv
         result: dict[str, Any] = {"plan": choice.plan.name}
 
         def serve(driver: PodDriver) -> None:
-            result.update(worker_path(Engine(model, driver=driver), concurrent=True))
+            result.update(worker_path(WanEngine(model, driver=driver), concurrent=True))
 
         serve_pod(engine, serve)
         # Every rank executed every command on its own shard: "b" is closed, "a" lives in host memory.

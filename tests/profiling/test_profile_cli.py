@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from inferix.cli.main import main
 from inferix.profiling import ProfileReport
+from inferix_cli.main import main
 from tests.profiling.helpers import rank_report
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,7 @@ def test_merge_without_out_and_a_mismatched_rank_set(
 def test_the_installed_command_runs_as_a_process(rank_files: list[Path], tmp_path: Path) -> None:
     merged = tmp_path / "merged.json"
     result = subprocess.run(
-        [sys.executable, "-m", "inferix", "profile", "merge", *map(str, rank_files), "--out", str(merged)],
+        [sys.executable, "-m", "inferix_cli", "profile", "merge", *map(str, rank_files), "--out", str(merged)],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

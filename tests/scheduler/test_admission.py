@@ -15,7 +15,7 @@ import pytest
 
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
 from inferix.client import Client
-from inferix.mesh.launch import ServiceProcess, start_service
+from inferix_cli.mesh.launch import ServiceProcess, start_service
 from tests.kvcache_svc.conftest import stream_capacity
 
 

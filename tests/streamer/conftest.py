@@ -9,8 +9,8 @@ import grpc
 import pytest
 
 from inferix.api.v1 import streamer_pb2_grpc
-from inferix.mesh.launch import ServiceProcess, start_service
 from inferix.server import MAX_MESSAGE_BYTES
+from inferix_cli.mesh.launch import ServiceProcess, start_service
 from tests.streamer.media import ffprobe_path
 
 

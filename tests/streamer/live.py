@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
-from inferix.mesh.launch import ServiceProcess, start_service
+from inferix_cli.mesh.launch import ServiceProcess, start_service
 from tests.streamer.media import Video, ffprobe_path
 
 SECRET = "test-viewer-secret-0123456789abcdef"

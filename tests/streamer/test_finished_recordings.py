@@ -17,8 +17,8 @@ import grpc
 import pytest
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
-from inferix.mesh.launch import ServiceProcess
 from inferix.viewer_token import ViewerTokens
+from inferix_cli.mesh.launch import ServiceProcess
 from tests.streamer.live import SECRET, start_live_streamer, wait_until
 from tests.streamer.media import Video, pattern
 

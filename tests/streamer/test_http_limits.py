@@ -23,7 +23,7 @@ from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from inferix.api.v1 import streamer_pb2_grpc
-from inferix.mesh.launch import ServiceProcess
+from inferix_cli.mesh.launch import ServiceProcess
 from streamer.limits import COMMANDS, OFFERS, HttpLimits, RateLimiter
 from tests.streamer.live import RealtimePusher, SchedulerLink, start_live_streamer
 from tests.streamer.media import Video

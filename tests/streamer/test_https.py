@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from inferix.api.v1 import streamer_pb2_grpc
-from inferix.mesh.launch import ServiceProcess
+from inferix_cli.mesh.launch import ServiceProcess
 from streamer.__main__ import main
 from tests.streamer.live import RealtimePusher, SchedulerLink, start_live_streamer
 from tests.streamer.media import Video

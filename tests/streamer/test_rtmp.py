@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
-from inferix.mesh.launch import ServiceProcess
-from inferix.mesh.rtmp_relay import NginxRtmp, nginx_rtmp_missing, start_nginx_rtmp
+from inferix_cli.mesh.launch import ServiceProcess
+from inferix_cli.mesh.rtmp_relay import NginxRtmp, nginx_rtmp_missing, start_nginx_rtmp
 from tests.streamer.live import (
     RealtimePusher,
     SchedulerLink,

@@ -16,9 +16,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
-from inferix.mesh.launch import ServiceProcess
 from inferix.server import channel as aio_channel
 from inferix.telemetry import BLOCK_INDEX_ATTR
+from inferix_cli.mesh.launch import ServiceProcess
 from tests.otlp import SpanCollector
 from tests.streamer.conftest import start_streamer
 from tests.streamer.media import Video, decode, ffprobe, mean_abs_error, pattern

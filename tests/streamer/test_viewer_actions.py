@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from inferix.api.v1 import common_pb2
-from inferix.mesh.launch import ServiceProcess
 from inferix.viewer_token import ViewerTokens
+from inferix_cli.mesh.launch import ServiceProcess
 from streamer.control import SessionView
 from streamer.web import HttpError, parse_action
 from tests.streamer.live import SECRET, start_live_streamer

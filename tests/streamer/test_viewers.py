@@ -24,8 +24,8 @@ from aiortc import RTCPeerConnection, RTCRtpReceiver, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
-from inferix.mesh.launch import ServiceProcess
 from inferix.viewer_token import ViewerTokens
+from inferix_cli.mesh.launch import ServiceProcess
 from tests.streamer.live import SECRET, RealtimePusher, SchedulerLink, start_live_streamer, stream_info, wait_until
 from tests.streamer.media import Video
 

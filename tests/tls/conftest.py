@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from inferix.mesh import Mesh, start_mesh
-from inferix.mesh.launch import ServiceProcess, launch_service
+from inferix_cli.mesh import Mesh, start_mesh
+from inferix_cli.mesh.launch import ServiceProcess, launch_service
 from tests.mesh.conftest import mesh_config
 from tests.tls.certs import Authority
 
@@ -75,10 +75,10 @@ def tls_mesh(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mes
 
 
 def inferix_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> Completed:
-    """`python -m inferix ARGS` as a user runs it (INFERIX_* from the test's environment removed)."""
+    """`python -m inferix_cli ARGS` as a user runs it (INFERIX_* from the test's environment removed)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("INFERIX_")}
     return subprocess.run(
-        [sys.executable, "-m", "inferix", *args],
+        [sys.executable, "-m", "inferix_cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -9,7 +9,7 @@ import pytest
 
 from inferix.client import AsyncClient, Client, TlsError
 from inferix.health import check
-from inferix.mesh.launch import ServiceProcess
+from inferix_cli.mesh.launch import ServiceProcess
 from tests.tls.conftest import Pki, inferix_cli
 
 

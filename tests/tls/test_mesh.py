@@ -13,8 +13,8 @@ from pathlib import Path
 
 from inferix.client import AsyncClient, BlockDone, Client, StateChanged
 from inferix.health import check
-from inferix.mesh import Mesh
-from inferix.mesh.launch import ServiceProcess
+from inferix_cli.mesh import Mesh
+from inferix_cli.mesh.launch import ServiceProcess
 from tests.mesh.conftest import KEY_A
 from tests.tls.conftest import Pki, inferix_cli
 
@@ -94,7 +94,7 @@ def test_a_restarted_scheduler_serves_tls_again(tls_mesh: Mesh, pki: Pki) -> Non
 
 
 def test_lvbench_runs_over_tls(tls_mesh: Mesh, pki: Pki, tmp_path: Path) -> None:
-    """`inferix lvbench run` takes --tls / --ca as `inferix session` does (inferix/cli/scheduler_address.py)."""
+    """`inferix lvbench run` takes --tls / --ca as `inferix session` does (inferix_cli/scheduler_address.py)."""
     annotations = tmp_path / "annotations.json"
     video = {"video_id": "ball", "captions": [{"start": 0.0, "end": 0.5, "text": "a red ball bouncing"}]}
     annotations.write_text(json.dumps({"videos": [video]}))

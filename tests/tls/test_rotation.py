@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferix.client import Client, TlsError
-from inferix.mesh.launch import ServiceProcess
+from inferix_cli.mesh.launch import ServiceProcess
 from tests.tls.certs import serial_of
 from tests.tls.conftest import Pki, start_tls_scheduler
 

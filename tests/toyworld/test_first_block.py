@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.families.wan.loader import TOYWORLD_WEIGHTS, byte_level_tokenizer
 from inferix.spec.presets import load_preset
 from toyworld_lab.first_block import FirstBlockRollouts
 from toyworld_lab.measure import read_frame
@@ -19,7 +20,6 @@ from toyworld_lab.play import Player, PlaySpec, key_row
 from toyworld_lab.train import BlockSampler, LatentClips, LatentCodec, load_trained_vae
 from toyworld_lab.train_play import PLAY_DIT_FILE, PlayConfig, base_latent_stats, train
 from toyworld_lab.world import BACKGROUND
-from workers.engine.model_dir import TOYWORLD_WEIGHTS, byte_level_tokenizer
 
 SPEC = PlaySpec("green", "square")
 FRAMES = 3

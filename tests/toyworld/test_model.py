@@ -9,6 +9,8 @@ from functools import cache
 import numpy as np
 import pytest
 
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.loader import TOYWORLD_WEIGHTS, load_wan_model, resolve_model_dir
 from inferix.spec.sizing import session_shape
 from toyworld_lab.evaluate import (
     PROMPT_SET,
@@ -20,8 +22,6 @@ from toyworld_lab.evaluate import (
 )
 from toyworld_lab.train import DIT_FILE, TEXT_ENCODER_FILE, VAE_FILE
 from toyworld_lab.world import SceneSpec
-from workers.engine.engine import Engine
-from workers.engine.model_dir import TOYWORLD_WEIGHTS, load_model, resolve_model_dir
 
 
 def test_shipped_weights_are_a_model_folder_of_a_few_megabytes() -> None:
@@ -36,7 +36,7 @@ def test_shipped_weights_are_a_model_folder_of_a_few_megabytes() -> None:
 
 
 def test_toyworld_is_the_default_model_and_generates_the_prompted_square() -> None:
-    model = load_model(None)
+    model = load_wan_model(None)
     assert (model.name, model.source, model.fps, model.width, model.height) == (
         "toyworld",
         TOYWORLD_WEIGHTS,
@@ -44,7 +44,7 @@ def test_toyworld_is_the_default_model_and_generates_the_prompted_square() -> No
         64,
         64,
     )
-    blocks = generate_blocks(Engine(model), "a blue square falling", 4, seed=0)
+    blocks = generate_blocks(WanEngine(model), "a blue square falling", 4, seed=0)
     assert [b.shape for b in blocks] == [(3, 64, 64, 3)] * 4
     # Read back from the pixels: a blue object in every block.
     assert colour_of_blocks(blocks) == ["blue"] * 4
@@ -52,7 +52,7 @@ def test_toyworld_is_the_default_model_and_generates_the_prompted_square() -> No
 
 @cache
 def following() -> PromptFollowing:
-    return prompt_following(Engine(load_model("toyworld")))
+    return prompt_following(WanEngine(load_wan_model("toyworld")))
 
 
 @pytest.mark.slow  # rolls out the 16 prompts of PROMPT_SET
@@ -81,7 +81,7 @@ MINUTE_SCENES = [
 
 @pytest.mark.slow  # minute-long videos against the simulator
 def test_a_minute_of_video_keeps_its_objects_on_screen_like_the_simulator() -> None:
-    generator = Engine(load_model("toyworld"))
+    generator = WanEngine(load_wan_model("toyworld"))
     results = [drift(generator, spec, blocks=320, seed=seed) for spec, seed in MINUTE_SCENES]  # 60 s each
     assert all(r.on_screen >= 0.7 for r in results), results
     assert np.mean([r.on_screen for r in results]) >= 0.85, results

@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.loader import TOYWORLD_PLAY_WEIGHTS, TOYWORLD_WEIGHTS, load_wan_model, resolve_model_dir
 from toyworld_lab.measure import read_frame
 from toyworld_lab.play import (
     DIRECTIONS,
@@ -26,8 +28,6 @@ from toyworld_lab.play import (
 )
 from toyworld_lab.play_eval import HOLD_BLOCKS, make_trials, responsiveness
 from toyworld_lab.train_play import PLAY_DIT_FILE
-from workers.engine.engine import Engine
-from workers.engine.model_dir import TOYWORLD_PLAY_WEIGHTS, TOYWORLD_WEIGHTS, load_model, resolve_model_dir
 
 SPEC = PlaySpec("red", "ball")
 
@@ -111,7 +111,7 @@ def test_random_tracks_hold_no_key_single_keys_and_diagonal_pairs() -> None:
 
 
 def test_shipped_play_weights_are_a_model_folder_of_a_few_megabytes() -> None:
-    assert load_model("toyworld-play").source == TOYWORLD_PLAY_WEIGHTS
+    assert load_wan_model("toyworld-play").source == TOYWORLD_PLAY_WEIGHTS
     folder = resolve_model_dir(TOYWORLD_PLAY_WEIGHTS)
     assert folder.preset.name == "toyworld-play" and folder.dit.name == PLAY_DIT_FILE
     # Toyworld's VAE and its latent statistics: the fine-tune keeps them.
@@ -126,7 +126,7 @@ def test_a_held_key_moves_the_object_its_way_within_two_blocks() -> None:
     first-block rollout stage (`toyworld_lab/first_block.py`) the model lost the object before the
     press in one trial in six, mostly in its first block, and passed 79%; the shipped model draws it
     in every trial of this set (README, *The toyworld-play model*)."""
-    result = responsiveness(Engine(load_model("toyworld-play")), make_trials(48, seed=0))
+    result = responsiveness(WanEngine(load_wan_model("toyworld-play")), make_trials(48, seed=0))
     assert HOLD_BLOCKS == 2
     assert result.share >= 0.9, result.summary()
     assert all(n >= 6 for _, n in result.per_key().values()), result.summary()  # every key is tested

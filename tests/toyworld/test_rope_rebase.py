@@ -11,11 +11,11 @@ import dataclasses
 
 import numpy as np
 
+from engine.families.wan.dit import CausalWanDiT
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.loader import LoadedModel, load_wan_model
 from toyworld_lab.evaluate import video_stats
 from toyworld_lab.world import SceneSpec
-from workers.engine.engine import Engine
-from workers.engine.model_dir import LoadedModel, load_model
-from workers.engine.models.wan.dit import CausalWanDiT
 
 TABLE = 9
 BLOCKS = 10  # 30 latent frames: re-bases at blocks 3..9
@@ -33,7 +33,7 @@ def with_table(model: LoadedModel, table: int) -> LoadedModel:
 
 def frames_and_offsets(model: LoadedModel) -> tuple[list[np.ndarray], list[int]]:
     frames, offsets = [], []
-    with Engine(model).open(SCENE.prompt(), seed=SEED, num_blocks=BLOCKS) as video:
+    with WanEngine(model).open(SCENE.prompt(), seed=SEED, num_blocks=BLOCKS) as video:
         for _ in range(BLOCKS):
             frames.append(video.next_block().frames)
             offsets.append(video.position_offset)
@@ -41,7 +41,7 @@ def frames_and_offsets(model: LoadedModel) -> tuple[list[np.ndarray], list[int]]
 
 
 def test_objects_stay_on_screen_across_many_re_bases() -> None:
-    model = load_model("toyworld")
+    model = load_wan_model("toyworld")
     rebased, offsets = frames_and_offsets(with_table(model, TABLE))
     reference, reference_offsets = frames_and_offsets(model)
     assert offsets == [0, 0, 0, 3, 6, 9, 12, 15, 18, 21] and set(reference_offsets) == {0}

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.loader import load_wan_model, resolve_model_dir
 from toyworld_lab.evaluate import generate_blocks, video_stats
 from toyworld_lab.train import TrainConfig, train
-from workers.engine.engine import Engine
-from workers.engine.model_dir import load_model, resolve_model_dir
 
 WEIGHT_FILES = ("toyworld_dit.safetensors", "toyworld_vae.safetensors", "toyworld_text_encoder.safetensors")
 TINY_RUN = TrainConfig(
@@ -65,9 +65,9 @@ def test_a_trained_folder_loads_like_any_model_and_generates(tmp_path: Path) -> 
     assert folder.preset.name == "toyworld" and folder.dit.name == "toyworld_dit.safetensors"
     size = sum(p.stat().st_size for p in (tmp_path / "model").rglob("*") if p.is_file())
     assert size < 5 * 2**20  # fp16 weights: a few MB
-    model = load_model(tmp_path / "model")
+    model = load_wan_model(tmp_path / "model")
     assert model.vae.config.latent_std == folder.preset.vae.latent_std != (1.0,) * 8  # measured stats
-    generator = Engine(model)
+    generator = WanEngine(model)
     blocks = generate_blocks(generator, "a red ball falling", 2, seed=0, changes={1: "the ball turns green"})
     assert [b.shape for b in blocks] == [(3, 64, 64, 3)] * 2  # 3 frames per block: no time compression
     stats = video_stats(blocks, ["red", "green"])

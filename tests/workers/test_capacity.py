@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
+from engine.families.wan.loader import load_wan_model
 from inferix.spec.capacity import Resolution
 from workers.capacity import MAX_STREAMS, CapacityMeter
-from workers.engine.model_dir import load_model
 from workers.service import WorkerConfig, WorkerService
 
 FPS = 16.0
@@ -68,7 +68,7 @@ def test_a_pinned_capacity_overrides_the_measured_streams_only() -> None:
 
 def test_the_worker_probe_measures_its_native_resolution_with_batched_sessions() -> None:
     """The real startup probe of a toyworld worker (no other service needed: it talks to none)."""
-    model = load_model("toyworld")
+    model = load_wan_model("toyworld")
 
     async def probe() -> tuple[list[object], list[str], int]:
         service = WorkerService(model, WorkerConfig("w", "127.0.0.1:1", kv_pages=64, capacity_probe_streams=2))

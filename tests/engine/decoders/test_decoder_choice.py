@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from safetensors.torch import save_file
 
+from engine.decoders.taehv import TAEHVDecoder, TAEHVLayout, random_taehv_state
+from engine.families.wan.engine import WanEngine
+from engine.families.wan.vae import WanVAE
 from inferix.errors import UserError
 from inferix.spec.decoders import DecoderChoice, parse_decoder
 from inferix.spec.presets import load_preset
-from workers.engine.decoders.taehv import TAEHVDecoder, TAEHVLayout, random_taehv_state
-from workers.engine.engine import Engine
-from workers.engine.models.wan.vae import WanVAE
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_spellings() -> None:
 
 
 def test_a_restored_session_decodes_with_taehv_as_the_uninterrupted_one(taehv_file: Path) -> None:
-    engine = Engine.load("tiny", decoder=f"taehv:{taehv_file}")
+    engine = WanEngine.load("tiny", decoder=f"taehv:{taehv_file}")
     assert isinstance(engine.model.decoder, TAEHVDecoder) and isinstance(engine.model.vae, WanVAE)
     with engine.open("a red ball", num_blocks=3, seed=3, session_id="a") as session:
         blocks = list(session)
@@ -55,14 +55,14 @@ def test_a_restored_session_decodes_with_taehv_as_the_uninterrupted_one(taehv_fi
     state = resumed.new_redecode_state()  # a restarted streamer's backfill
     assert _sha([resumed.redecode(b.committed(), state) for b in blocks]) == _sha([b.frames for b in blocks])
     resumed.close()
-    with Engine.load("tiny").open("a red ball", num_blocks=1, seed=3) as vae_session:
+    with WanEngine.load("tiny").open("a red ball", num_blocks=1, seed=3) as vae_session:
         assert not np.array_equal(next(iter(vae_session)).frames, blocks[0].frames)  # the decoder did change
 
 
 def test_latents_taehv_cannot_decode_are_refused_when_the_model_loads(tmp_path: Path, taehv_file: Path) -> None:
     with pytest.raises(UserError, match="TAEHV decodes Wan VAE latents"):
-        Engine.load("toyworld", decoder=f"taehv:{taehv_file}")  # a patch autoencoder's 8 channels
+        WanEngine.load("toyworld", decoder=f"taehv:{taehv_file}")  # a patch autoencoder's 8 channels
     wide = tmp_path / "taew2_2.safetensors"
     save_file(random_taehv_state(TAEHVLayout(48, 2)), str(wide))
     with pytest.raises(UserError, match="48-channel latents at 16x space"):
-        Engine.load("tiny", decoder=f"taehv:{wide}")
+        WanEngine.load("tiny", decoder=f"taehv:{wide}")

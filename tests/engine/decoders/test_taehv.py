@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from engine.contract import to_uint8_frames
+from engine.decoders import taehv
+from engine.decoders.taehv import TAEHVDecoder, TAEHVLayout, load_taehv, random_taehv_state
+from engine.decoders.taehv_framewise import FramewiseDecoder
+from engine.decoders.taehv_golden import verify_taehv_case
 from inferix.errors import CheckpointError
-from workers.engine.decoders import taehv
-from workers.engine.decoders.taehv import TAEHVDecoder, TAEHVLayout, load_taehv, random_taehv_state
-from workers.engine.decoders.taehv_framewise import FramewiseDecoder
-from workers.engine.decoders.taehv_golden import verify_taehv_case
-from workers.engine.engine import to_uint8_frames
 
 CASE = Path(__file__).resolve().parents[2] / "golden" / "taew2_1_tiny"
 TOL = 1e-5  # the golden case's tolerance (fp32, different convolution orders)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
+from engine.families.magi.clean_caption import clean_prompt
 from tests.conftest import GOLDEN_DIR
-from workers.engine.models.magi.clean_caption import clean_prompt
 
 SECOND_PROMPT = "a blue whale sings under the ice at night"
 

@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
+from engine.families.magi.dit import MagiDiT, MagiDiTConfig
 from inferix.errors import UserError
 from tests.conftest import GOLDEN_DIR
-from workers.engine.models.magi.dit import MagiDiT, MagiDiTConfig
 
 CASES = ["magi1_tiny_distill", "magi1_tiny_cfg"]
 # Tolerances (max abs, fp32, one thread), measured over every captured pass / every pipeline call on two CPUs:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from inferix.cli.main import main
+from inferix_cli.main import main
 from tests.conftest import GOLDEN_DIR, MAGI_CASES
 
 STAGES = {

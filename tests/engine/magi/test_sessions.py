@@ -15,14 +15,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.contract import VideoBlock
+from engine.families.magi.engine import MagiEngine, MagiSession
+from engine.families.magi.pipeline import RecordedChunkNoise
+from engine.registry import load_engine
 from inferix.errors import UserError
 from inferix.spec.blocks import CommittedBlock
 from tests.conftest import GOLDEN_DIR
 from tests.engine.magi.conftest import SECOND_PROMPT
-from workers.engine.chunk_pipeline import RecordedChunkNoise
-from workers.engine.engine import VideoBlock
-from workers.engine.families import load_engine
-from workers.engine.magi_engine import MagiEngine, MagiSession
 
 
 def magi_engine(folder: Path) -> MagiEngine:
@@ -120,7 +120,7 @@ def test_a_prompt_change_applies_from_the_next_chunk_and_survives_a_restore(magi
 
 def test_generate_cli_writes_a_magi_video_with_the_sessions_frames(magi_distill: Path, tmp_path: Path) -> None:
     out = tmp_path / "magi.mp4"
-    command = [sys.executable, "-m", "inferix", "generate", "--model", str(magi_distill), "--prompt", "a red fox"]
+    command = [sys.executable, "-m", "inferix_cli", "generate", "--model", str(magi_distill), "--prompt", "a red fox"]
     result = subprocess.run(
         [*command, "--blocks", "3", "--seed", "4", "--out", str(out), "--quiet", "--threads", "1"],
         capture_output=True,

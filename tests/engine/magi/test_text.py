@@ -15,8 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-from inferix.errors import UserError
-from workers.engine.models.magi.captions import (
+from engine.families.magi.captions import (
     CAPTION_ROWS,
     NULL_CAPTION_VALID_ROWS,
     caption_rows,
@@ -24,8 +23,9 @@ from workers.engine.models.magi.captions import (
     null_rows,
     valid_rows,
 )
-from workers.engine.models.magi.clean_caption import clean_caption, clean_prompt
-from workers.engine.models.magi.t5 import MagiTokenizer, T5Config, T5Encoder, load_t5
+from engine.families.magi.clean_caption import clean_caption, clean_prompt
+from engine.families.magi.t5 import MagiTokenizer, T5Config, T5Encoder, load_t5
+from inferix.errors import UserError
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 CASES = ["magi1_tiny_distill", "magi1_tiny_cfg"]

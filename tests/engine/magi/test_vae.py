@@ -12,14 +12,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from inferix.errors import CheckpointError, UserError
-from tests.conftest import GOLDEN_DIR
-from workers.engine.models.magi.vae import (
+from engine.families.magi.vae import (
     MagiVAEDecoder,
     ViTVAEConfig,
     load_magi_vae,
     to_uint8_frames,
 )
+from inferix.errors import CheckpointError, UserError
+from tests.conftest import GOLDEN_DIR
 
 CASES = ["magi1_tiny_distill", "magi1_tiny_cfg"]
 

@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 import torch
 
+from engine.contract import VideoBlock, to_uint8_frames
+from engine.families.matrixgame.action import ActionInputs
+from engine.families.matrixgame.clip import CLIPVisionEncoder
+from engine.families.matrixgame.conditioning import condition_on_image
+from engine.families.matrixgame.engine import MatrixGameEngine, _pixels, fit_image
+from engine.noise import SeededNoise
 from inferix.errors import UserError
 from inferix.spec.actions import ActionTrack, block_start_frame, parse_action_track, parse_held_action
 from inferix.spec.blocks import CommittedBlock
 from inferix.spec.matrixgame import TINY_MODEL, is_matrixgame_model, load_matrixgame_preset
-from workers.engine.engine import VideoBlock, to_uint8_frames
-from workers.engine.matrixgame_engine import MatrixGameEngine, _pixels, fit_image
-from workers.engine.models.matrixgame.action import ActionInputs
-from workers.engine.models.matrixgame.clip import CLIPVisionEncoder
-from workers.engine.models.matrixgame.conditioning import condition_on_image
-from workers.engine.noise import SeededNoise
 
 BLOCKS = 3
 

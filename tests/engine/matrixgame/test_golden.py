@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from inferix.cli.main import main
+from engine.families.matrixgame.conditioning import condition_on_image
+from engine.families.matrixgame.golden import MatrixGameCase
+from inferix_cli.main import main
 from tests.conftest import GOLDEN_DIR, MATRIXGAME_CASES
-from workers.engine.matrixgame_golden import MatrixGameCase
-from workers.engine.models.matrixgame.conditioning import condition_on_image
 
 STAGES = {
     "scheduler/warped steps",

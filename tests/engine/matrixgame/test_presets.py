@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from engine.families.matrixgame.config import MatrixGameConfig
 from inferix.errors import UserError
 from inferix.spec.matrixgame import load_matrixgame_preset, matrixgame_presets
-from workers.engine.models.matrixgame.config import MatrixGameConfig
 
 
 def test_the_three_released_variants_ship() -> None:

@@ -7,16 +7,16 @@ import pytest
 import torch
 from torch import Tensor
 
+from engine.families.matrixgame.action import ActionInputs, window_rows
+from engine.families.matrixgame.conditioning import WorldConditioning
+from engine.families.matrixgame.config import ActionConfig, MatrixGameConfig
+from engine.families.matrixgame.dit import MatrixGameDiT
+from engine.families.matrixgame.pipeline import MatrixGamePipeline
+from engine.families.matrixgame.rolling_cache import RollingFrameCache, slots_of
+from engine.families.wan.vae import WanVAE
+from engine.noise import SeededNoise
 from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
-from workers.engine.models.matrixgame.action import ActionInputs, window_rows
-from workers.engine.models.matrixgame.conditioning import WorldConditioning
-from workers.engine.models.matrixgame.config import ActionConfig, MatrixGameConfig
-from workers.engine.models.matrixgame.dit import MatrixGameDiT
-from workers.engine.models.matrixgame.rolling_cache import RollingFrameCache, slots_of
-from workers.engine.models.matrixgame.sampler import MatrixGamePipeline
-from workers.engine.models.wan.vae import WanVAE
-from workers.engine.noise import SeededNoise
 
 FRAMES, NF, H, W = 12, 3, 4, 6
 ROWS = 1 + 4 * (FRAMES - 1)

@@ -1,0 +1,3 @@
+from engine.attention.backends import AttentionBackend, get_backend
+
+__all__ = ["AttentionBackend", "get_backend"]

@@ -1,5 +1,0 @@
-import sys
-
-from inferix.cli.main import main
-
-sys.exit(main())

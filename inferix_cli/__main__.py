@@ -1,0 +1,5 @@
+import sys
+
+from inferix_cli.main import main
+
+sys.exit(main())

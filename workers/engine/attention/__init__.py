@@ -1,3 +1,0 @@
-from workers.engine.attention.backends import AttentionBackend, get_backend
-
-__all__ = ["AttentionBackend", "get_backend"]
