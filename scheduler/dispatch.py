@@ -1,12 +1,14 @@
 """The per-session dispatch loop, and the life of the loops across scheduler restarts.
 
 Each running session has one dispatch task that runs its blocks in order on its worker, at most
-`lookahead` blocks ahead of real-time playback, applying prompt changes / pause / stop at block
-boundaries, announcing each block once and persisting the record after each. A worker that fails
-mid-session is replaced through `Placement` and the session continues from its committed blocks.
-A worker that drains (SIGTERM: scale-in, rolling update) is no failure: `DrainWatch` flags its
-sessions, and each moves right after its block in flight (committed there), without counting
-against `max_recoveries`, so a session survives any number of rolling updates.
+`lookahead` blocks ahead of real-time playback (an interactive session: one median generation time
+ahead, so that each block is done about when it is due and an action waits for no queued video),
+applying prompt changes / pause / stop at block boundaries, announcing each block once and
+persisting the record after each. A worker that fails mid-session is replaced through `Placement`
+and the session continues from its committed blocks. A worker that drains (SIGTERM: scale-in,
+rolling update) is no failure: `DrainWatch` flags its sessions, and each moves right after its
+block in flight (committed there), without counting against `max_recoveries`,
+so a session survives any number of rolling updates.
 
 With a persistent store the scheduler may restart at any time: `drain` (SIGTERM) hands the live
 sessions over at a block boundary (it does not end them), and `resume` on the next scheduler
@@ -24,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
+from inferix.spec.latency import LatencyMode
 from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from scheduler import metrics
 from scheduler.config import Presets, SchedulerConfig
@@ -195,8 +198,12 @@ class Dispatcher:
             # Pixel frames made: the last block's end (a Wan VAE's first block decodes to fewer frames).
             made = record.frames_made or record.next_block * frames_per_block
             ahead = made - record.playback_frame(fps)
-            if record.first_block_at is not None and ahead > record.valid.lookahead * frames_per_block:
-                await record.wait((ahead - record.valid.lookahead * frames_per_block) / fps)
+            if record.valid.latency is LatencyMode.INTERACTIVE:  # dispatched to be done as it is due
+                limit = record.lead_frames(fps, frames_per_block)
+            else:
+                limit = float(record.valid.lookahead * frames_per_block)
+            if record.first_block_at is not None and ahead > limit:
+                await record.wait((ahead - limit) / fps)
                 continue
             wait = self.quotas.wait_s(record.owner)
             if wait > 0:  # the key's hourly budget is spent: the session waits, nothing is lost
@@ -254,6 +261,8 @@ class Dispatcher:
             record.in_flight = None
         elapsed = time.perf_counter() - started
         event.timings.dispatch_to_done_ms = elapsed * 1e3
+        if record.first_block_at is not None:  # the first block pays the worker's first-call costs: no estimate
+            record.generation_s.append(elapsed)
         record.next_block = block + 1
         record.frames_made = event.first_frame + event.num_frames
         if record.first_block_at is None:

@@ -91,7 +91,7 @@ class PacingConfig:
     # Four seconds hold about twenty blocks of a 3-frame model at 16 fps: enough to see its spread of
     # generation times, short enough that a slow block's held time is given back soon after.
     jitter_window_s: float = 4.0
-    margin_s: float = 0.01
+    margin_s: float = 0.02
 
 
 @dataclass
