@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from inferix.spec.magi import MagiPreset, ServedPreset, any_session_shape, load_any_preset
-from inferix.spec.matrixgame import MatrixGamePreset
+from inferix.spec.families.magi import MagiPreset
+from inferix.spec.families.matrixgame import MatrixGamePreset
+from inferix.spec.served import ServedPreset, any_session_shape, load_any_preset
 from inferix.spec.sizing import SessionShape
 
 GIB = 2**30

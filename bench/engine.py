@@ -30,7 +30,7 @@ from engine.flow_match import FlowMatchSchedule
 from engine.kv import ContiguousKVCache, KVPool, KVPoolSpec, SelfAttentionCache
 from engine.noise import SeededNoise
 from inferix.spec.architectures import DIT_PRESETS, WanDiTConfig
-from inferix.spec.magi import magi_presets
+from inferix.spec.families.magi import magi_presets
 from inferix.spec.sampling import BlockConfig, SamplingConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -63,7 +63,7 @@ def offload_bandwidth(pool: KVPool, tokens: int, frames: int, repeats: int) -> t
         cache.offload()
         sync(pool.k.device)
         t1 = time.perf_counter()
-        cache.restore()
+        cache.prefetch()
         sync(pool.k.device)
         out.append(t1 - t0)
         back.append(time.perf_counter() - t1)
@@ -87,7 +87,7 @@ def recovery(pipeline: WanPipeline, lat: tuple[int, int], blocks: int, pool: KVP
         session.cache.offload()
         sync(pipeline.device)
         t1 = time.perf_counter()
-        session.cache.restore()
+        session.cache.prefetch()
         sync(pipeline.device)
         copy = time.perf_counter() - t1
     return recompute, copy

@@ -22,7 +22,7 @@ import torch
 
 from engine.families.magi.dit import MagiDiT, MagiDiTConfig
 from engine.families.magi.pipeline import MagiPipeline, SeededChunkNoise
-from inferix.spec.magi import load_magi_preset, magi_chunk_frames, magi_presets
+from inferix.spec.families.magi import load_magi_preset, magi_chunk_frames, magi_presets
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -34,8 +34,8 @@ from engine.golden import Comparison, GoldenCase, find_cases
 from engine.kv.pool import KVPool
 from engine.parallel.pod_driver import PodDriver
 from inferix.errors import UserError
-from inferix.spec.magi import is_magi_preset, magi_presets
-from inferix.spec.matrixgame import is_matrixgame_model
+from inferix.spec.families.magi import is_magi_preset, magi_presets
+from inferix.spec.families.matrixgame import is_matrixgame_model
 
 __all__ = [
     "FAMILIES",

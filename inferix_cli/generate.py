@@ -11,7 +11,7 @@ from typing import Any
 
 from inferix.errors import UserError
 from inferix.spec import parse_prompt_schedule
-from inferix.spec.matrixgame import TINY_MODEL
+from inferix.spec.families.matrixgame import TINY_MODEL
 from inferix.spec.presets import DEFAULT_MODEL
 
 # Flags that a model started from an image (Matrix-Game 2.0: no text) refuses when set, with why.

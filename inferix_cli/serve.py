@@ -152,7 +152,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from inferix.mesh_tls import mesh_tls_from_args
     from inferix.server import INTERNAL_TOKEN_ENV
-    from inferix.spec.matrixgame import TINY_MODEL
+    from inferix.spec.families.matrixgame import TINY_MODEL
     from inferix.spec.presets import BUILTIN_MODELS
     from inferix_cli.mesh import MeshConfig, start_mesh
     from inferix_cli.mesh.launch import ServiceStartError

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inferix.api.v1 import common_pb2
-from inferix.spec.magi import ServedPreset, load_any_preset
+from inferix.spec.served import ServedPreset, load_any_preset
 from scheduler.playback import Playback
 from scheduler.validation import ALL_OUTPUTS, ValidSpec, validate_spec
 

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 
 from inferix.api.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from inferix.server import Registration
-from inferix.spec.magi import ServedPreset
+from inferix.spec.served import ServedPreset
 from inferix.store import Store
 from inferix.telemetry import SESSION_ID_ATTR, tracer
 from scheduler.auth import ApiKeys, Unauthenticated

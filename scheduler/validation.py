@@ -11,10 +11,10 @@ from inferix.api.v1 import common_pb2, scheduler_pb2
 from inferix.errors import UserError
 from inferix.spec import schedule
 from inferix.spec.actions import parse_held_action
+from inferix.spec.families.matrixgame import ActionSchema, MatrixGamePreset
 from inferix.spec.latency import LatencyMode
-from inferix.spec.magi import ServedPreset, any_session_shape
-from inferix.spec.matrixgame import ActionSchema, MatrixGamePreset
 from inferix.spec.presets import ModelPreset
+from inferix.spec.served import ServedPreset, any_session_shape
 from inferix.spec.sizing import SessionShape
 
 MAX_BLOCKS = 100_000

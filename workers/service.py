@@ -59,7 +59,7 @@ from inferix.profiling import Profiler
 from inferix.server import Registration, channel
 from inferix.spec.actions import parse_held_action
 from inferix.spec.blocks import CommittedBlock
-from inferix.spec.magi import any_session_shape
+from inferix.spec.served import any_session_shape
 from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from workers import metrics
 from workers.capacity import CapacityMeter, RecentSpeed

@@ -565,8 +565,8 @@ class PagedSessionCache:
         self.position_offset = offset
 
     def _on_device(self) -> None:
-        """Restore offloaded pages and make the current stream wait for their copy."""
-        self.restore()
+        """Bring offloaded pages back and make the current stream wait for their copy."""
+        self.prefetch()
         if self._ready is not None:
             torch.cuda.current_stream(self.pool.k.device).wait_event(self._ready)
             self._ready = None
@@ -693,8 +693,9 @@ class PagedSessionCache:
         self._tier = "host"
         self._table_changed()
 
-    def restore(self) -> None:
-        """Bring offloaded pages back to the device (asynchronously on CUDA; `begin` waits)."""
+    def prefetch(self) -> None:
+        """Bring offloaded pages back to the device, ahead of the session's next block (asynchronously
+        on CUDA; `begin` waits)."""
         if self._tier != "host":
             return
         assert self._host is not None
@@ -722,10 +723,6 @@ class PagedSessionCache:
         self._tier = "device"
         self._table_changed()
 
-    def prefetch(self) -> None:
-        """Start restoring an offloaded session ahead of its next block."""
-        self.restore()
-
     # ---- inspection -----------------------------------------------------------------------
     def usage(self) -> SessionUsage:
         host_pages = self._host[0].shape[1] if self._host is not None else 0
@@ -741,7 +738,7 @@ class PagedSessionCache:
 
     def layer_kv(self, layer: int) -> tuple[Tensor, Tensor]:
         """The cached K (post-RoPE) and V of one layer, [tokens, H, D] in frame order (a copy)."""
-        self.restore()
+        self.prefetch()
         if not self.pages:
             spec = self.pool.spec
             empty = self.pool.k.new_zeros((0, spec.num_heads, spec.head_dim), dtype=spec.dtype)

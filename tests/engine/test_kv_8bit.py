@@ -101,7 +101,7 @@ def test_host_round_trip_moves_8bit_pages_and_scales_bit_exactly(kv_dtype: str) 
     assert before[0].dtype in (torch.uint8, torch.int8) and before[2].dtype == torch.float32
     cache.offload()
     write(pool.open_session("o", TOKENS), 0, 3)  # overwrites the freed pages: the ring comes back elsewhere
-    cache.restore()
+    cache.prefetch()
     assert all(torch.equal(a, b) for a, b in zip(raw(), before, strict=True))
     for layer in range(2):
         assert all(torch.equal(a, b) for a, b in zip(cache.layer_kv(layer), kv_before[layer], strict=True))

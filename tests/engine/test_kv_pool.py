@@ -113,7 +113,7 @@ def test_host_round_trip_is_bit_exact_and_frees_device_pages() -> None:
     assert cache.tier == "host"
     assert pool.usage().used_pages == used - 3
     assert pool.usage().host_pages_used == 3
-    cache.restore()
+    cache.prefetch()
     assert cache.tier == "device"
     assert pool.usage().host_pages_used == 0
     for layer in range(2):
@@ -276,7 +276,7 @@ def test_a_ring_survives_the_host_round_trip() -> None:
     write(cache, 8, 2)
     assert cached_frames(cache) == [0, 1, 7, 8, 9]
     cache.offload()
-    cache.restore()
+    cache.prefetch()
     for layer in range(2):
         k, _ = cache.layer_kv(layer)
         assert torch.equal(k[: 2 * TOKENS], before[layer][0][: 2 * TOKENS])  # the sink, moved intact

@@ -86,7 +86,7 @@ def generate_digest(schedule: tuple[PromptChange, ...], blocks: int, seed: int, 
         [
             sys.executable,
             "-m",
-            "inferix",
+            "inferix_cli",
             "generate",
             *args,
             "--blocks",

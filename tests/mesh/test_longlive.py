@@ -12,7 +12,7 @@ import yaml
 
 from inferix.client import BlockDone, Client, PromptChange
 from inferix_cli.mesh import Mesh, start_mesh
-from tests.engine.longlive_folder import write_longlive_folder
+from tests.engine.wan.longlive_folder import write_longlive_folder
 from tests.mesh.conftest import KEY_A, generate_digest, kill_worker, mesh_config, replace_worker, stream_info
 
 BLOCKS = 8

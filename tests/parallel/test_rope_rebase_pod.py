@@ -1,6 +1,6 @@
 """A sequence-parallel pod re-bases like one process: every rank turns its own shard of the cache.
 
-The tiny DiT's RoPE table holds 24 latent frames (tests/engine/test_rope_rebase.py); block 8 is the
+The tiny DiT's RoPE table holds 24 latent frames (tests/engine/wan/test_rope_rebase.py); block 8 is the
 first past it. Each rank's cache holds a shard of heads (Ulysses) or of every frame's tokens (Ring);
 a re-base turns every cached key by the same time positions, so each rank turns its shard alone,
 no collective. The pod must match the single-rank engine within 1e-5 (latents and the gathered cache),

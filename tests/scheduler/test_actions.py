@@ -9,8 +9,8 @@ import re
 import pytest
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
-from inferix.spec.magi import load_any_preset
 from inferix.spec.presets import load_preset
+from inferix.spec.served import load_any_preset
 from scheduler.sessions import PendingAction, SessionRecord
 from scheduler.validation import InvalidRequest, ValidSpec, validate_action, validate_spec
 

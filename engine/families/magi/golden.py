@@ -40,7 +40,7 @@ from engine.families.magi.vae import MagiVAEDecoder, ViTVAEConfig, load_magi_vae
 from engine.golden import Comparison as Result
 from engine.golden import GoldenCase, run_checks
 from engine.golden import max_abs_diff as _diff
-from inferix.spec.magi import MagiSampling
+from inferix.spec.families.magi import MagiSampling
 
 __all__ = ["MagiCase", "is_magi_case", "verify_magi_case"]
 

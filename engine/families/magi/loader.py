@@ -30,7 +30,7 @@ from engine.families.magi.vae import MagiVAEDecoder, load_magi_vae
 from engine.families.wan.loader import PresetDefaults
 from engine.precision import warn_if_emulated
 from inferix.errors import UserError
-from inferix.spec.magi import MagiPreset, is_magi_preset, load_magi_preset
+from inferix.spec.families.magi import MagiPreset, is_magi_preset, load_magi_preset
 from inferix.spec.presets import read_yaml
 
 __all__ = ["MAGI_CONFIG_JSON", "MagiModel", "is_magi_folder", "load_magi_dit", "load_magi_model"]

@@ -43,7 +43,7 @@ from engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
 from engine.noise import INITIAL_STEP, draw_seed
 from inferix.errors import UserError
 from inferix.profiling import profile
-from inferix.spec.magi import MagiSampling
+from inferix.spec.families.magi import MagiSampling
 
 __all__ = [
     "CallRecord",

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from inferix.errors import UserError
-from inferix.spec.magi import MagiSampling
+from inferix.spec.families.magi import MagiSampling
 
 # shortcut_mode "8,16,16": the 12-step schedule reuses three offsets of a 4-step one.
 _SHORTCUT_OFFSETS = (0.0, 0.125, 0.1875)

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from engine.checkpoint import load_into, read_state_dict
 from inferix.errors import CheckpointError, UserError
-from inferix.spec.magi import tiled_frames
+from inferix.spec.families.magi import tiled_frames
 
 __all__ = [
     "DEFAULT_FPS",

@@ -46,7 +46,7 @@ from engine.session_tail import HostTieredCache, SessionTail
 from inferix.errors import UserError
 from inferix.spec.actions import ActionTrack, HeldAction, parse_held_action
 from inferix.spec.blocks import CommittedBlock
-from inferix.spec.matrixgame import TINY_MODEL, ActionSchema, MatrixGamePreset
+from inferix.spec.families.matrixgame import TINY_MODEL, ActionSchema, MatrixGamePreset
 from inferix.spec.sampling import BlockConfig, FlowMatchConfig, PipelineConfig, SamplingConfig
 
 __all__ = [

@@ -30,7 +30,7 @@ from engine.families.wan.vae import WanVAE
 from engine.precision import warn_if_emulated
 from inferix.errors import UserError
 from inferix.spec.architectures import WanVAEConfig
-from inferix.spec.matrixgame import (
+from inferix.spec.families.matrixgame import (
     MODEL_PREFIX,
     TINY_MODEL,
     MatrixGamePreset,

@@ -49,7 +49,6 @@ from engine.quant import QuantMode, check_quant_device, parse_quant, quantize_li
 from inferix.errors import UserError
 from inferix.spec.architectures import PatchVAEConfig
 from inferix.spec.decoders import DecoderChoice, parse_decoder
-from inferix.spec.magi import AnyPreset
 from inferix.spec.presets import (
     BUILTIN_MODELS,
     DEFAULT_MODEL,
@@ -60,6 +59,7 @@ from inferix.spec.presets import (
     read_yaml,
 )
 from inferix.spec.sampling import PipelineConfig
+from inferix.spec.served import AnyPreset
 
 __all__ = [
     "MODEL_YAML",

@@ -20,7 +20,7 @@ from engine.noise import SeededNoise
 from inferix.errors import UserError
 from inferix.spec.actions import ActionTrack, block_start_frame, parse_action_track, parse_held_action
 from inferix.spec.blocks import CommittedBlock
-from inferix.spec.matrixgame import TINY_MODEL, is_matrixgame_model, load_matrixgame_preset
+from inferix.spec.families.matrixgame import TINY_MODEL, is_matrixgame_model, load_matrixgame_preset
 
 BLOCKS = 3
 

@@ -6,7 +6,7 @@ import pytest
 
 from engine.families.matrixgame.config import MatrixGameConfig
 from inferix.errors import UserError
-from inferix.spec.matrixgame import load_matrixgame_preset, matrixgame_presets
+from inferix.spec.families.matrixgame import load_matrixgame_preset, matrixgame_presets
 
 
 def test_the_three_released_variants_ship() -> None:

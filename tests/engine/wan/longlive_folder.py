@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-GOLDEN_CASE = Path(__file__).resolve().parents[1] / "golden" / "longlive_tiny"
+GOLDEN_CASE = Path(__file__).resolve().parents[2] / "golden" / "longlive_tiny"
 RANK, ALPHA = 4, 8.0  # as the longlive-tiny preset says
 # Every nn.Linear of an attention block, as LongLive's configure_lora_for_model targets them.
 TARGETS = ("self_attn.q", "self_attn.k", "self_attn.v", "self_attn.o", "cross_attn.q", "cross_attn.k",

@@ -19,7 +19,7 @@ from engine.families.wan.tokenizer import PromptTokenizer, clean_prompt
 from inferix.errors import CheckpointError, UserError
 from inferix.spec.architectures import UMT5Config
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 GOLDEN_CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "text.safetensors").is_file())
 # The README promises ~1e-5 agreement in fp32 against the reference.
 TOLERANCE = 1e-5

@@ -21,7 +21,7 @@ from engine.families.wan.vae import WanVAE
 from inferix.errors import CheckpointError, UserError
 from inferix.spec.architectures import WanDiTConfig, WanVAEConfig
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 CASE = GOLDEN / "selfforcing_tiny_global"
 # The README promises ~1e-5 agreement with the reference in fp32.
 TOLERANCE = 1e-5

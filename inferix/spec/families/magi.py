@@ -13,24 +13,14 @@ from importlib.resources.abc import Traversable
 from typing import Any
 
 from inferix.errors import UserError
-from inferix.spec.matrixgame import (
-    MatrixGamePreset,
-    is_matrixgame_name,
-    load_served_matrixgame_preset,
-    matrixgame_session_shape,
-)
-from inferix.spec.presets import ModelPreset, VideoDefaults, load_preset, merge_sections, read_yaml
-from inferix.spec.sizing import MAX_SIDE, VAE_SPATIAL_FACTOR, SessionShape, session_shape
+from inferix.spec.presets import VideoDefaults, merge_sections, read_yaml
+from inferix.spec.sizing import MAX_SIDE, VAE_SPATIAL_FACTOR, SessionShape
 
 __all__ = [
-    "AnyPreset",
-    "ServedPreset",
-    "any_session_shape",
     "MagiFiles",
     "MagiPreset",
     "MagiSampling",
     "is_magi_preset",
-    "load_any_preset",
     "load_magi_preset",
     "magi_chunk_frames",
     "magi_presets",
@@ -168,18 +158,6 @@ def is_magi_preset(name: str) -> bool:
     return name in _magi_preset_files()
 
 
-AnyPreset = ModelPreset | MagiPreset
-# What a worker may serve: a text model of either family, or an action-conditioned world model.
-ServedPreset = ModelPreset | MagiPreset | MatrixGamePreset
-
-
-def load_any_preset(name: str) -> ServedPreset:
-    """A shipped preset of any family by name (what the scheduler knows a served model by)."""
-    if is_matrixgame_name(name):
-        return load_served_matrixgame_preset(name)
-    return load_magi_preset(name) if is_magi_preset(name) else load_preset(name)
-
-
 def tiled_frames(latent_frames: int, tile_latent_frames: int, temporal_factor: int) -> int:
     """Video frames MAGI-1's VAE makes of `latent_frames`: temporal tiles of `tile_latent_frames`
     decoded alone, a tile of one latent frame giving one video frame (MAGI1_README section 11)."""
@@ -240,12 +218,3 @@ def magi_session_shape(preset: MagiPreset, width: int, height: int, num_blocks: 
         frames_per_block=sampling.chunk_width,
         video_frames_per_block=magi_chunk_frames(sampling),
     )
-
-
-def any_session_shape(preset: ServedPreset, width: int, height: int, num_blocks: int | None) -> SessionShape:
-    """`session_shape` for a preset of any family."""
-    if isinstance(preset, MatrixGamePreset):
-        return matrixgame_session_shape(preset, width, height, num_blocks)
-    if isinstance(preset, MagiPreset):
-        return magi_session_shape(preset, width, height, num_blocks)
-    return session_shape(preset, width, height, num_blocks)

@@ -16,8 +16,8 @@ from engine.families.wan.loader import load_wan_model
 from engine.families.wan.lora import LoraAdapter, merge_lora
 from engine.kv import ContiguousKVCache
 from inferix.errors import UserError
-from tests.engine.longlive_folder import GOLDEN_CASE, TARGETS, write_longlive_folder
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit
+from tests.engine.wan.longlive_folder import GOLDEN_CASE, TARGETS, write_longlive_folder
 
 
 def _peft_dit(rank: int, alpha: float) -> tuple[CausalWanDiT, peft.PeftModel]:

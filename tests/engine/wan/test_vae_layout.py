@@ -10,7 +10,7 @@ from engine.families.wan.autoencoders import load_vae
 from engine.families.wan.vae import CausalConv3d, WanVAE, _is_channels_last, _time_taps
 from inferix.spec.architectures import WanVAEConfig
 from tests.conftest import GOLDEN_CASES, GOLDEN_DIR
-from tests.engine.test_vae import read_golden, tiny_model
+from tests.engine.wan.test_vae import read_golden, tiny_model
 
 ATTENTION = WanVAEConfig(dim=4, num_res_blocks=1, attn_scales=(1.0, 0.5))  # attention blocks in every stage
 

@@ -1,0 +1,1 @@
+"""Tests of the Wan family (engine/families/wan): Self Forcing, CausVid, LongLive, toyworld."""
