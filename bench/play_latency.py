@@ -1,5 +1,12 @@
-"""Input-to-photon latency of playing in the browser (issue 25): key press -> first frame made under it
+"""Input-to-photon latency of playing in the browser (issues 25, 40): key press -> first frame made under it
 (`--model toyworld-play`: -> first frame showing its object pushed the pressed way; see MOTION_PX).
+
+Both latency modes side by side in one run (issue 40): one session per mode, one after the other on the
+same mesh and browser: `interactive` (`latency="interactive"`: dispatched one generation time ahead,
+the streamer's adaptive jitter buffer, no browser playout delay) and `smooth` (the default mode, at
+`--smooth-lookahead` blocks, 1 by default: the best smooth setting of issue 25). The run ends with one
+line per mode: `<mode> key-to-photon p50 <ms> ms p95 <ms> ms underruns <n>` (underruns: the streamer's,
+whole session).
 
 A local mesh (one worker serving `matrixgame2-tiny`, the scheduler's default lookahead 0 so that a
 session can ask for 0 or more) and the session's own viewer page in headless Chromium (Debian's, driven
@@ -43,8 +50,8 @@ starts its clock a jitter buffer (100 ms) after the first frame and, under `hold
 (an underrun) in the timeline, so each freeze adds to every later action's latency. A warm-up session
 runs first so the worker's first-call costs do not land in the measured sessions.
 
-    python bench/play_latency.py                     # 30 presses at lookahead 0 and 1
-    python bench/play_latency.py --presses 10 --lookaheads 1
+    python bench/play_latency.py                     # 30 presses per mode: interactive, then smooth (lookahead 1)
+    python bench/play_latency.py --presses 10 --modes interactive
     python bench/play_latency.py --model toyworld-play  # ArrowRight / ArrowLeft in turn, photon by motion
 """
 
@@ -65,6 +72,7 @@ from PIL import Image
 from playwright.sync_api import Page, sync_playwright
 
 from inferix.client import BlockDone, Client, CommandAccepted
+from inferix.spec.latency import LATENCY_CHOICES
 from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 
 MODEL = "matrixgame2-tiny"
@@ -154,8 +162,11 @@ SENT = (
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presses", type=int, default=30, help="key presses per lookahead (default 30)")
-    p.add_argument("--lookaheads", default="0,1", help="session lookaheads to measure (default 0,1)")
+    p.add_argument("--presses", type=int, default=30, help="key presses per latency mode (default 30)")
+    p.add_argument(
+        "--modes", default="interactive,smooth", help="latency modes to measure, in order (default interactive,smooth)"
+    )
+    p.add_argument("--smooth-lookahead", type=int, default=1, help="the smooth session's lookahead (default 1)")
     p.add_argument("--seed", type=int, default=1, help="seed of the pauses between key events")
     p.add_argument("--chromium", default="/usr/bin/chromium")
     p.add_argument(
@@ -180,6 +191,7 @@ class Press:
 
 @dataclass
 class Run:
+    mode: str
     lookahead: int
     presses: list[Press]
     presented: int  # frames the hook saw
@@ -190,12 +202,14 @@ class Run:
     block_s: float
     underruns: int  # the streamer's, whole session: each freeze under `hold` delays playback for good
     underrun_s: float
+    page: dict[str, Any]  # what the page measured: its latency mode, received -> shown p50; the streamer's buffer
 
 
 @dataclass
 class MotionRun:
     """toyworld-play: key press -> the first frame showing the object moving that way."""
 
+    mode: str
     lookahead: int
     latency_ms: list[float]
     missed: int  # presses whose motion never showed within the frames presented before the key-up
@@ -205,6 +219,7 @@ class MotionRun:
     presented: int
     underruns: int
     underrun_s: float
+    page: dict[str, Any]
 
 
 def wait(page: Page, expression: str, timeout_s: float = 30.0) -> Any:
@@ -244,11 +259,18 @@ def key_event(page: Page, down: bool, key: str) -> None:
         raise RuntimeError(f"the page's action was {state}: {page.evaluate(SENT)[-1]}")
 
 
+PAGE = (
+    "({latency: inferixViewer.latency, shown_ms: inferixViewer.displayDelayMs,"
+    " jitter_buffer_ms: inferixViewer.status.stream.jitter_buffer_ms})"
+)
+
+
 def stop_and_collect(
     client: Client, session_id: str, num_blocks: int, page: Page
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """Stop the session, let the viewer play out the frames still due, then return what the page sent, the
-    frames the hook saw and the streamer's stream stats."""
+    frames the hook saw, the streamer's stream stats and what the page measured (`PAGE`, before the stop)."""
+    measured = page.evaluate(PAGE)
     with client.interact(session_id, from_block=num_blocks) as session:
         session.stop()
         next(e for e in session.events() if isinstance(e, CommandAccepted) and e.command == "stop")
@@ -257,7 +279,8 @@ def stop_and_collect(
     while (count := page.evaluate("window.benchFrames.length")) != last:
         last = count
         time.sleep(1.0)
-    return page.evaluate(SENT), page.evaluate("window.benchFrames"), page.evaluate("inferixViewer.status.stream")
+    stream = page.evaluate("inferixViewer.status.stream")
+    return page.evaluate(SENT), page.evaluate("window.benchFrames"), stream, measured
 
 
 def warm_up(mesh: Mesh, image: Path) -> None:
@@ -268,12 +291,13 @@ def warm_up(mesh: Mesh, image: Path) -> None:
             pass
 
 
-def play(mesh: Mesh, browser: Any, workdir: Path, lookahead: int, presses: int, rng: random.Random) -> Run:
+def play(mesh: Mesh, browser: Any, workdir: Path, mode: str, lookahead: int, presses: int, rng: random.Random) -> Run:
     image = workdir / "start.png"
     with Client(mesh.address, timeout=120) as client:
         info = client.create_session(
-            model=MODEL, image=image, num_blocks=min(341, presses * (2 * lookahead + 8) + 8), lookahead=lookahead
-        )
+            model=MODEL, image=image, num_blocks=min(341, presses * (2 * lookahead + 8) + 8), lookahead=lookahead,
+            latency=mode,
+        )  # fmt: skip
         page = open_player(browser, info.viewer_url, FRAME_HOOK, list(THUMB))
         try:
             block_s = 12 / 16  # refined from the events below; only paces the pauses here
@@ -282,7 +306,7 @@ def play(mesh: Mesh, browser: Any, workdir: Path, lookahead: int, presses: int, 
                 for down in (True, False):
                     time.sleep(rng.uniform(0, block_s))  # any phase of the block on screen
                     key_event(page, down, key)
-            sent, presented, stream = stop_and_collect(client, info.session_id, info.num_blocks, page)
+            sent, presented, stream, measured = stop_and_collect(client, info.session_id, info.num_blocks, page)
             stats = page.evaluate(
                 "inferixViewer.pc.getStats().then((r) => { let d = 0; r.forEach((s) => {"
                 " if (s.type === 'inbound-rtp' && s.kind === 'video') d = s.framesDropped || 0; }); return d; })"
@@ -291,16 +315,16 @@ def play(mesh: Mesh, browser: Any, workdir: Path, lookahead: int, presses: int, 
             page.close()
         blocks = {e.block_index: e for e in client.events(info.session_id) if isinstance(e, BlockDone)}
         recording = client.download_recording(client.get_session(info.session_id), workdir / f"{info.session_id}.mp4")
-    return measure(lookahead, sent, presented, blocks, stream, int(stats), thumbnails(recording))
+    return measure(mode, lookahead, sent, presented, blocks, stream, int(stats), thumbnails(recording), measured)
 
 
-def play_motion(mesh: Mesh, browser: Any, lookahead: int, presses: int, rng: random.Random) -> MotionRun:
+def play_motion(mesh: Mesh, browser: Any, mode: str, lookahead: int, presses: int, rng: random.Random) -> MotionRun:
     """toyworld-play: hold ArrowRight, then ArrowLeft, ... each until its block is made; before each press the
     object comes to rest (two blocks after the release), then a random 0 to 1 block more."""
     with Client(mesh.address, timeout=120) as client:
         info = client.create_session(
             PLAY_PROMPT, model=PLAY_MODEL, seed=1, num_blocks=min(5000, presses * (2 * lookahead + 12) + 8),
-            lookahead=lookahead,
+            lookahead=lookahead, latency=mode,
         )  # fmt: skip
         page = open_player(browser, info.viewer_url, CENTROID_HOOK, list(BACKGROUND))
         try:
@@ -311,19 +335,21 @@ def play_motion(mesh: Mesh, browser: Any, lookahead: int, presses: int, rng: ran
                 key_event(page, True, key)
                 time.sleep(rng.uniform(0, block_s))
                 key_event(page, False, key)
-            sent, presented, stream = stop_and_collect(client, info.session_id, info.num_blocks, page)
+            sent, presented, stream, measured = stop_and_collect(client, info.session_id, info.num_blocks, page)
         finally:
             page.close()
         blocks = {e.block_index: e for e in client.events(info.session_id) if isinstance(e, BlockDone)}
-    return measure_motion(lookahead, sent, presented, blocks, stream)
+    return measure_motion(mode, lookahead, sent, presented, blocks, stream, measured)
 
 
 def measure_motion(
+    mode: str,
     lookahead: int,
     sent: list[dict[str, Any]],
     presented: list[dict[str, Any]],
     blocks: dict[int, BlockDone],
     stream: dict[str, Any],
+    page: dict[str, Any],
 ) -> MotionRun:
     shown = [(float(p["at"]), p["x"], p["y"]) for p in presented]
     latency, round_trip, generation = [], [], []
@@ -356,6 +382,7 @@ def measure_motion(
     fps = float(stream["fps"])
     block_frames = statistics.median(b.num_frames for b in blocks.values())
     return MotionRun(
+        mode,
         lookahead,
         latency,
         missed,
@@ -365,27 +392,52 @@ def measure_motion(
         len(presented),
         int(stream["underruns"]),
         float(stream["underrun_s"]),
+        page,
     )
 
 
 def report_motion(runs: list[MotionRun]) -> None:
     print(f"\n{PLAY_MODEL}: key press -> first frame with the object {MOTION_PX:g} px the pressed way")
-    print(f"{'lookahead':<10} {'presses':<8} {'p50 ms':>8} {'p95 ms':>8} {'min ms':>8} {'max ms':>8}   floor ms")
+    print(f"{'mode':<16} {'presses':<8} {'p50 ms':>8} {'p95 ms':>8} {'min ms':>8} {'max ms':>8}   floor ms")
     for run in runs:
         block_ms = run.block_s * 1e3
         floor = 0.5 * block_ms + max(run.generation_ms, run.lookahead * block_ms)
         values = run.latency_ms
         print(
-            f"{run.lookahead:<10} {len(values):<8} {percentile(values, 50):>8.0f} {percentile(values, 95):>8.0f}"
+            f"{label(run.mode, run.lookahead):<16} {len(values):<8}"
+            f" {percentile(values, 50):>8.0f} {percentile(values, 95):>8.0f}"
             f" {min(values):>8.0f} {max(values):>8.0f}   {floor:.0f} = 0.5 x {block_ms:.0f} ms block"
             f" + max(generation {run.generation_ms:.0f}, {run.lookahead} x {block_ms:.0f})"
         )
     for run in runs:
         print(
-            f"lookahead {run.lookahead}: action round trip page->scheduler->page p50"
+            f"{label(run.mode, run.lookahead)}: action round trip page->scheduler->page p50"
             f" {percentile(run.round_trip_ms, 50):.0f} ms; {run.missed} press(es) with no motion seen;"
-            f" {run.presented} frames presented; underruns {run.underruns} ({run.underrun_s:.2f} s held)"
+            f" {run.presented} frames presented; underruns {run.underruns} ({run.underrun_s:.2f} s held); {page(run)}"
         )
+    print()
+    for run in runs:
+        summary(run.mode, run.latency_ms, run.underruns)
+
+
+def label(mode: str, lookahead: int) -> str:
+    return mode if mode == "interactive" else f"{mode} (L={lookahead})"
+
+
+def page(run: Run | MotionRun) -> str:
+    shown, buffer = run.page.get("shown_ms"), run.page.get("jitter_buffer_ms")
+    return (
+        f"page: mode {run.page.get('latency')}, received->shown p50 {shown if shown is None else round(shown)} ms;"
+        f" streamer jitter buffer {buffer} ms"
+    )
+
+
+def summary(mode: str, latency: list[float], underruns: int) -> None:
+    """The run's line per mode, for scripts comparing runs."""
+    print(
+        f"{mode} key-to-photon p50 {percentile(latency, 50):.0f} ms p95 {percentile(latency, 95):.0f} ms"
+        f" underruns {underruns}"
+    )
 
 
 def thumbnails(mp4: Path) -> np.ndarray:
@@ -414,6 +466,7 @@ def identify(presented: np.ndarray, recording: np.ndarray) -> tuple[np.ndarray, 
 
 
 def measure(
+    mode: str,
     lookahead: int,
     sent: list[dict[str, Any]],
     presented: list[dict[str, Any]],
@@ -421,6 +474,7 @@ def measure(
     stream: dict[str, Any],
     chromium_dropped: int,
     recording: np.ndarray,
+    page: dict[str, Any],
 ) -> Run:
     fps = float(stream["fps"])
     index, worst, margin = identify(np.array([p["thumb"] for p in presented]), recording)
@@ -446,6 +500,7 @@ def measure(
         )
     block_frames = statistics.median(b.num_frames for b in blocks.values())
     return Run(
+        mode,
         lookahead,
         presses,
         len(presented),
@@ -456,6 +511,7 @@ def measure(
         block_frames / fps,
         int(stream["underruns"]),
         float(stream["underrun_s"]),
+        page,
     )
 
 
@@ -464,14 +520,15 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def report(runs: list[Run]) -> None:
-    print(f"\n{'lookahead':<10} {'presses':<8} {'p50 ms':>8} {'p95 ms':>8} {'min ms':>8} {'max ms':>8}   floor ms")
+    print(f"\n{'mode':<16} {'presses':<8} {'p50 ms':>8} {'p95 ms':>8} {'min ms':>8} {'max ms':>8}   floor ms")
     for run in runs:
         latency = [p.latency_ms for p in run.presses]
         generation = statistics.median(p.generation_ms for p in run.presses)
         block_ms = run.block_s * 1e3
         floor = 0.5 * block_ms + max(generation, run.lookahead * block_ms)
         print(
-            f"{run.lookahead:<10} {len(latency):<8} {percentile(latency, 50):>8.0f} {percentile(latency, 95):>8.0f}"
+            f"{label(run.mode, run.lookahead):<16} {len(latency):<8}"
+            f" {percentile(latency, 50):>8.0f} {percentile(latency, 95):>8.0f}"
             f" {min(latency):>8.0f} {max(latency):>8.0f}   {floor:.0f} = 0.5 x {block_ms:.0f} ms block"
             f" + max(generation {generation:.0f}, {run.lookahead} x {block_ms:.0f})"
         )
@@ -481,7 +538,7 @@ def report(runs: list[Run]) -> None:
         round_trip = [p.round_trip_ms for p in run.presses]
         display = [p.latency_ms - p.ahead_ms for p in run.presses]
         print(
-            f"lookahead {run.lookahead}: frames ahead at the keydown p50 {percentile(ahead, 50):.0f} ms"
+            f"{label(run.mode, run.lookahead)}: frames ahead at the keydown p50 {percentile(ahead, 50):.0f} ms"
             f" (p95 {percentile(ahead, 95):.0f}); latency - frames ahead p50 {percentile(display, 50):.0f} ms;"
             f" action round trip page->scheduler->page p50 {percentile(round_trip, 50):.0f} ms"
             f" (p95 {percentile(round_trip, 95):.0f})"
@@ -491,11 +548,18 @@ def report(runs: list[Run]) -> None:
             f" second best >= {run.match_margin:.1f} grey levels), {run.out_of_order} out of order;"
             f" Chromium dropped {run.chromium_dropped}; underruns {run.underruns} ({run.underrun_s:.2f} s held)"
         )
+        print(f"  {page(run)}")
+    print()
+    for run in runs:
+        summary(run.mode, [p.latency_ms for p in run.presses], run.underruns)
 
 
 def main() -> None:
     args = parse_args()
-    lookaheads = [int(v) for v in args.lookaheads.split(",")]
+    modes = [m.strip() for m in args.modes.split(",")]
+    for mode in modes:
+        if mode not in LATENCY_CHOICES:
+            raise SystemExit(f"--modes: {mode!r} is not a latency mode ({', '.join(LATENCY_CHOICES)})")
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -504,7 +568,7 @@ def main() -> None:
         (workdir / "mesh").mkdir()
         config = MeshConfig(workdir=workdir / "mesh", workers=1, worker_threads=1, model=Path(args.model))
         config.capacity_probe, config.realtime_streams, config.lookahead = 0, 64, 0
-        print(f"mesh: 1 worker serving {args.model}; {args.presses} presses per lookahead {lookaheads} ...", flush=True)
+        print(f"mesh: 1 worker serving {args.model}; {args.presses} presses per mode {modes} ...", flush=True)
         mesh = start_mesh(config)
         runs: list[Run] = []
         motion: list[MotionRun] = []
@@ -513,13 +577,14 @@ def main() -> None:
                 warm_up(mesh, workdir / "start.png")
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_FLAGS)
-                for lookahead in lookaheads:
+                for mode in modes:
+                    lookahead = args.smooth_lookahead if mode == "smooth" else 0
                     started = time.monotonic()
                     if args.model == MODEL:
-                        runs.append(play(mesh, browser, workdir, lookahead, args.presses, rng))
+                        runs.append(play(mesh, browser, workdir, mode, lookahead, args.presses, rng))
                     else:
-                        motion.append(play_motion(mesh, browser, lookahead, args.presses, rng))
-                    print(f"lookahead {lookahead}: done in {time.monotonic() - started:.0f} s", flush=True)
+                        motion.append(play_motion(mesh, browser, mode, lookahead, args.presses, rng))
+                    print(f"{label(mode, lookahead)}: done in {time.monotonic() - started:.0f} s", flush=True)
                 browser.close()
         finally:
             mesh.stop()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from inferix.errors import UserError
+from inferix.spec.latency import LATENCY_CHOICES
 from inferix_cli.scheduler_address import TLS_EPILOG, add_scheduler_address_arguments, print_waiting, retry_seconds
 
 
@@ -35,7 +36,14 @@ def register(subparsers: Any) -> None:
     create.add_argument("--seed", type=int, default=0)
     create.add_argument("--width", type=int, default=0)
     create.add_argument("--height", type=int, default=0)
-    create.add_argument("--lookahead", type=int, default=0)
+    create.add_argument("--lookahead", type=int, default=0, help="blocks made ahead of playback (0 = the server's)")
+    create.add_argument(
+        "--latency",
+        choices=LATENCY_CHOICES,
+        default="smooth",
+        help="interactive: for playing (smallest safe lookahead, adaptive jitter buffer, no browser playout delay; "
+        "leave --lookahead 0); smooth (default): for watching (buffered). Never changes the frames",
+    )
     create.add_argument("--wait", action="store_true", help="queue if no worker has room")
     create.add_argument(
         "--rtmp", action="store_true", help="also push it to the server's RTMP relay (prints the URL to play)"
@@ -191,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
                 lookahead=args.lookahead,
                 wait_for_capacity=args.wait,
                 rtmp=args.rtmp,
+                latency=args.latency,
             )
             # The id alone on stdout (`id=$(inferix session create ...)`); where to watch on stderr.
             print(info.session_id, flush=True)

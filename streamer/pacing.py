@@ -33,11 +33,11 @@ packets that are not yet due and releases each one on time to every live consume
   each of their blocks one generation time before it is due, so blocks arrive about on time and
   what is left to absorb is the spread of generation times. The clock starts like the smooth one
   (one jitter buffer after the first frame), and once it has seen `jitter_window_s` of arrivals it
-  moves each frame's due time down to the latest arrival of that window plus `margin_s` (a quarter
-  frame earlier per frame released, timestamps following): the buffer is the measured jitter, not a
-  fixed delay. A late frame is played `margin_s` after it came (an underrun, counted); the clock
-  gives that held time back once the window no longer holds the late block, so one slow block
-  never stays in the timeline. The underrun policy does not apply: the live timestamps are the
+  moves each frame's due time down to the latest arrival of that window plus `margin_s` (up to half
+  a frame earlier per frame released, at most twice real time, timestamps following): the buffer is
+  the measured jitter, not a fixed delay. A late frame is played `margin_s` after it came (an
+  underrun, counted); the clock gives that held time back once the window no longer holds the late
+  block, so one slow block never stays in the timeline. The underrun policy does not apply: the live timestamps are the
   release times.
 
 `PacingClock` and `KeyframeGate` hold the rules without I/O or threads (tested with synthetic
@@ -239,13 +239,14 @@ class AdaptiveClock(PacingClock):
         return self.anchor_time - self.anchor_index / self.fps - line
 
     def catch_up(self) -> float:
-        """Move the clock up to a quarter frame earlier while it is later than the window needs."""
+        """Move the clock up to half a frame earlier while it is later than the window needs: a player
+        gets a slow block's held time back within about twice that time once the window forgets it."""
         if self.anchor_time is None or not self.measured:
             return 0.0
         excess = self.buffer_s() - self.config.margin_s
         if excess <= 0:
             return 0.0
-        shift = min(excess, 0.25 / self.fps)
+        shift = min(excess, 0.5 / self.fps)
         self.anchor_time -= shift
         return shift
 
