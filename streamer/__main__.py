@@ -96,14 +96,16 @@ def _parser() -> argparse.ArgumentParser:
         "--jitter-buffer-ms",
         type=float,
         default=float(env("INFERIX_STREAMER_JITTER_BUFFER_MS", "100")),
-        help="live output starts this long after the first frame arrives (default %(default)g)",
+        help="live output starts this long after the first frame arrives; a smooth session keeps it, an "
+        "interactive one starts with it and then follows the measured arrival jitter (default %(default)g)",
     )
     live.add_argument(
         "--underrun-policy",
         choices=[p.value for p in UnderrunPolicy],
         default=env("INFERIX_STREAMER_UNDERRUN_POLICY", UnderrunPolicy.HOLD.value),
-        help="when generation falls behind: hold (viewers keep the last frame, timestamps follow the clock) "
-        "or stall (timestamps stay continuous, players re-buffer) (default %(default)s)",
+        help="when generation falls behind a smooth session: hold (viewers keep the last frame, timestamps "
+        "follow the clock) or stall (timestamps stay continuous, players re-buffer); interactive sessions play "
+        "a late frame as it comes and give the held time back (default %(default)s)",
     )
     live.add_argument(
         "--max-backlog-s",
