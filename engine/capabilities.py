@@ -51,7 +51,8 @@ MAGI = Capabilities(
     batching=False,
 )
 # MAGI-1's abilities, started from an image instead of text.
-MATRIXGAME = replace(MAGI, name="Matrix-Game 2.0", starts_from="image")
+# Its VAE is the Wan 2.1 VAE, so taew2_1 decodes its latents too (MAGI-1's own latents are not Wan's).
+MATRIXGAME = replace(MAGI, name="Matrix-Game 2.0", starts_from="image", decoders=("vae", "taehv"))
 
 
 @dataclass(frozen=True)

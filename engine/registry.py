@@ -130,7 +130,7 @@ MATRIXGAME_FAMILY = Family(
     capabilities=MATRIXGAME,
     claims=lambda model: model is not None and is_matrixgame_model(model),
     load=lambda model, o: load_matrixgame_model(
-        str(model), dtype=o.dtype, device=o.device, attention_backend=o.attention_backend
+        str(model), dtype=o.dtype, device=o.device, attention_backend=o.attention_backend, decoder=o.decoder
     ),
     loaded_type=MatrixGameModel,
     engine=lambda model, kv_pages, _kv_dtype, _driver: MatrixGameEngine(model, kv_pages=kv_pages),

@@ -77,12 +77,16 @@ def load_matrixgame_model(
     dtype: torch.dtype | str = torch.float32,
     device: torch.device | str = "cpu",
     attention_backend: str = "auto",
+    decoder: str | None = None,
+    image_encoder: str | None = None,
 ) -> MatrixGameModel:
-    """A model folder, or the built-in `matrixgame2-tiny` (random weights) unless a folder has its name."""
+    """A model folder, or the built-in `matrixgame2-tiny` (random weights) unless a folder has its name.
+    `decoder`: "vae" or "taehv:PATH" (None: model.yaml's, else the VAE); `image_encoder`: "vae" or
+    "taehv" (the decoder's TAEHV file encodes the start image; None: model.yaml's, else the VAE)."""
     weights = parse_dtype(dtype)
     if str(model) == TINY_MODEL and not Path(model).exists():
-        return load_tiny_matrixgame(weights, device, attention_backend)
-    return load_matrixgame_folder(Path(model).expanduser(), weights, device, attention_backend)
+        return load_tiny_matrixgame(weights, device, attention_backend, decoder, image_encoder)
+    return load_matrixgame_folder(Path(model).expanduser(), weights, device, attention_backend, decoder, image_encoder)
 
 
 def _read_image(image: ImageInput) -> np.ndarray:
@@ -153,7 +157,7 @@ class MatrixGameSession(SessionTail[VideoBlock]):
             None if rows.mouse is None else torch.tensor([rows.mouse], dtype=torch.float32, device=device),
         )
         pixels = _pixels(fit_image(_read_image(image), width, height)).to(model.vae.conv1.weight.device)
-        conditioning = condition_on_image(model.vae, model.clip, pixels, latent_frames)
+        conditioning = condition_on_image(model.vae, model.clip, pixels, latent_frames, model.taehv_encoder)
         self.world: MatrixGameLoop = engine.pipeline.open_session(
             conditioning, inputs, SeededNoise(seed), pool=engine.pool, session_id=session_id
         )
@@ -208,13 +212,13 @@ class MatrixGameSession(SessionTail[VideoBlock]):
         return frames
 
     def new_redecode_state(self) -> Any:
-        return self.model.vae.new_decode_state()
+        return self.model.decoder.new_decode_state()
 
     @torch.no_grad()
     def redecode(self, block: CommittedBlock, state: Any) -> np.ndarray:
         """A committed block's frames again (for a restarted streamer), decoded as `next_block` does."""
         x0 = committed_latents(block).to(self.model.vae.conv1.weight.device)
-        return to_uint8_frames(self.model.vae.decode_block(x0.half().to(x0.dtype), state))
+        return to_uint8_frames(self.model.decoder.decode_block(x0.half().to(x0.dtype), state))
 
     @property
     def kv_cache(self) -> HostTieredCache:
@@ -253,7 +257,7 @@ class MatrixGameEngine(EngineBase):
         """Sessions share a pool of `kv_pages` pages (one latent frame each, at the model's native size),
         or, without it, each holds its own window."""
         self.model = model
-        self.pipeline = MatrixGamePipeline(model.dit, model.vae, pipeline_config(model.preset))
+        self.pipeline = MatrixGamePipeline(model.dit, model.decoder, pipeline_config(model.preset))
         self.pool: KVPool | None = None
         if kv_pages is not None:
             factor = model.vae.config.spatial_factor
@@ -269,11 +273,20 @@ class MatrixGameEngine(EngineBase):
         device: torch.device | str = "cpu",
         attention_backend: str = "auto",
         kv_pages: int | None = None,
+        decoder: str | None = None,
+        image_encoder: str | None = None,
     ) -> MatrixGameEngine:
-        """A model folder, or the built-in `matrixgame2-tiny` (random weights)."""
-        return cls(
-            load_matrixgame_model(model, dtype=dtype, device=device, attention_backend=attention_backend), kv_pages
+        """A model folder, or the built-in `matrixgame2-tiny` (random weights); `decoder` and
+        `image_encoder` as in `load_matrixgame_model`."""
+        loaded = load_matrixgame_model(
+            model,
+            dtype=dtype,
+            device=device,
+            attention_backend=attention_backend,
+            decoder=decoder,
+            image_encoder=image_encoder,
         )
+        return cls(loaded, kv_pages)
 
     def batcher(self, max_tokens: int | None = None, on_forward: Any = None) -> BlockBatcher:
         """A batcher for the worker's job loop; Matrix-Game jobs run whole, so it never calls the DiT."""

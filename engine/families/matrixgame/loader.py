@@ -10,6 +10,10 @@ under ``files:`` in ``model.yaml``)::
                                       templerun_distilled_model/templerun_7dim_onlykey.safetensors)
     DIR/Wan2.1_VAE.pth                the Wan2.1 VAE
     DIR/models_clip_open-clip-xlm-roberta-large-vit-huge14.pth   the CLIP (its vision tower is used)
+
+Optional keys: ``decoder: taehv:PATH`` decodes with TAEHV (``taew2_1``: the Wan 2.1 VAE's latents;
+a relative PATH is in the folder), and ``image_encoder: taehv`` makes the first-image conditioning
+with that TAEHV file's encoder instead of the VAE's (default ``vae``, as the reference).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any, TypeVar
 import torch
 
 from engine.checkpoint import load_into, read_state_dict, seeded_state_dict
+from engine.decoders.select import load_decoder
+from engine.decoders.taehv import TAEHV, TAEHVDecoder
 from engine.families.matrixgame.clip import CLIPVisionConfig, CLIPVisionEncoder
 from engine.families.matrixgame.config import MatrixGameConfig
 from engine.families.matrixgame.dit import MatrixGameDiT
@@ -30,6 +36,7 @@ from engine.families.wan.vae import WanVAE
 from engine.precision import warn_if_emulated
 from inferix.errors import UserError
 from inferix.spec.architectures import WanVAEConfig
+from inferix.spec.decoders import DecoderChoice, parse_decoder
 from inferix.spec.families.matrixgame import (
     MODEL_PREFIX,
     TINY_MODEL,
@@ -39,7 +46,16 @@ from inferix.spec.families.matrixgame import (
 )
 from inferix.spec.presets import read_yaml
 
-__all__ = ["MatrixGameModel", "load_matrixgame_dit", "load_matrixgame_folder", "load_tiny_matrixgame"]
+__all__ = [
+    "IMAGE_ENCODERS",
+    "MatrixGameModel",
+    "load_matrixgame_dit",
+    "load_matrixgame_folder",
+    "load_tiny_matrixgame",
+]
+
+# What makes the first-image conditioning's latents: the VAE's encoder (the reference) or TAEHV's.
+IMAGE_ENCODERS = ("vae", "taehv")
 
 RELEASED_PREFIX = "model."
 # Playback rate of the MP4s (Wan2.1's 16 fps); it does not change the frames.
@@ -85,6 +101,33 @@ class MatrixGameModel:
     clip: CLIPVisionEncoder
     source: Path | None  # the model folder; None for built-in random weights
     fps: int = FPS
+    # What its sessions decode with (model.yaml `decoder:` or `--decoder`): the VAE, or TAEHV.
+    decoder_choice: DecoderChoice = dataclasses.field(default_factory=DecoderChoice)
+    taehv: TAEHVDecoder | None = None
+    image_encoder: str = "vae"  # one of IMAGE_ENCODERS
+
+    @property
+    def decoder(self) -> WanVAE | TAEHVDecoder:
+        """The streaming decoder of every session, its restore and its re-decode (so all decode alike)."""
+        return self.vae if self.taehv is None else self.taehv
+
+    @property
+    def taehv_encoder(self) -> TAEHV | None:
+        """TAEHV when it makes the first-image conditioning (`image_encoder: taehv`), else None."""
+        return self.taehv.model if self.taehv is not None and self.image_encoder == "taehv" else None
+
+    def with_decoder(self, choice: DecoderChoice, image_encoder: str = "vae") -> MatrixGameModel:
+        """The model decoding with `choice`, its conditioning encoded by `image_encoder` (TAEHV needs
+        `choice` to be a TAEHV file with an encoder). TAEHV runs in fp32, as the VAE does here."""
+        if image_encoder not in IMAGE_ENCODERS:
+            raise UserError(f"image_encoder: {image_encoder!r} is not one of {', '.join(IMAGE_ENCODERS)}")
+        taehv = load_decoder(choice, self.vae, torch.float32, self.vae.conv1.weight.device)
+        if image_encoder == "taehv" and (taehv is None or taehv.model.encoder is None):
+            raise UserError(
+                "image_encoder: taehv encodes with the TAEHV file of decoder: taehv:PATH, "
+                + ("and the decoder is the VAE" if taehv is None else f"and {choice.path} has no encoder")
+            )
+        return dataclasses.replace(self, decoder_choice=choice, taehv=taehv, image_encoder=image_encoder)
 
     @property
     def height(self) -> int:
@@ -117,13 +160,17 @@ def load_matrixgame_dit(
     return dit.eval()
 
 
-def _folder_files(root: Path) -> tuple[str, dict[str, Path]]:
-    """The variant a folder's model.yaml names and its files (dit, vae, clip), each checked to exist."""
+FOLDER_KEYS = ("preset", "files", "decoder", "image_encoder")
+
+
+def _folder_files(root: Path) -> tuple[str, dict[str, Path], dict[str, Any]]:
+    """The variant a folder's model.yaml names, its files (dit, vae, clip), each checked to exist,
+    and the yaml itself."""
     yaml_path = root / "model.yaml"
     data = read_yaml(yaml_path, "model config")
-    unknown = sorted(set(data) - {"preset", "files"})
+    unknown = sorted(set(data) - set(FOLDER_KEYS))
     if unknown:
-        raise UserError(f"{yaml_path}: unknown key(s) {', '.join(unknown)} (expected preset, files)")
+        raise UserError(f"{yaml_path}: unknown key(s) {', '.join(unknown)} (expected {', '.join(FOLDER_KEYS)})")
     name = data.get("preset")
     variant = matrixgame_variant(name) if isinstance(name, str) else None
     if variant is None:
@@ -139,27 +186,44 @@ def _folder_files(root: Path) -> tuple[str, dict[str, Path]]:
             raise UserError(
                 f"Matrix-Game model folder {root}: missing the {key} file {path} (or set files.{key} in model.yaml)"
             )
-    return variant, paths
+    return variant, paths, data
 
 
 def load_matrixgame_folder(
-    root: Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", attention_backend: str = "auto"
+    root: Path,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    attention_backend: str = "auto",
+    decoder: str | None = None,
+    image_encoder: str | None = None,
 ) -> MatrixGameModel:
-    """A model folder (see the module docstring): DiT in `dtype`, VAE and CLIP in fp32, on `device`."""
+    """A model folder (see the module docstring): DiT in `dtype`, VAE and CLIP in fp32, on `device`;
+    `decoder` / `image_encoder` (None: model.yaml's, else the VAE) as in `MatrixGameModel.with_decoder`."""
     warn_if_emulated(dtype, device)
-    variant, paths = _folder_files(root)
+    variant, paths, data = _folder_files(root)
     preset = load_matrixgame_preset(variant)
     config = MatrixGameConfig.from_reference(preset.model_config)
     dit = load_matrixgame_dit(paths["dit"], config, dtype, device, attention_backend)
     vae = WanVAE.from_checkpoint(paths["vae"], WanVAEConfig(), device=device).eval()
     clip = CLIPVisionEncoder.from_checkpoint(paths["clip"], CLIPVisionConfig(), device=device).eval()
-    return MatrixGameModel(MODEL_PREFIX + variant, preset, dit, vae, clip, root)
+    model = MatrixGameModel(MODEL_PREFIX + variant, preset, dit, vae, clip, root)
+    yaml_path = root / "model.yaml"
+    if decoder is not None:
+        choice = parse_decoder(decoder, "--decoder")
+    else:
+        choice = parse_decoder(str(data.get("decoder", "vae")), f"{yaml_path}: decoder", relative_to=root)
+    return model.with_decoder(choice, image_encoder or str(data.get("image_encoder", "vae")))
 
 
 def load_tiny_matrixgame(
-    dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", attention_backend: str = "auto"
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    attention_backend: str = "auto",
+    decoder: str | None = None,
+    image_encoder: str | None = None,
 ) -> MatrixGameModel:
-    """The built-in tiny model: deterministic random weights, the same on every machine."""
+    """The built-in tiny model: deterministic random weights, the same on every machine; `decoder` /
+    `image_encoder` as in `MatrixGameModel.with_decoder` (None: the VAE)."""
     universal = load_matrixgame_preset("universal")
     preset = dataclasses.replace(
         universal,
@@ -178,4 +242,5 @@ def load_tiny_matrixgame(
     dit = build(lambda: MatrixGameDiT(config, attention_backend), TINY_SEEDS["dit"], dtype)
     vae = build(lambda: WanVAE(TINY_VAE), TINY_SEEDS["vae"], torch.float32)
     clip = build(lambda: CLIPVisionEncoder(TINY_CLIP), TINY_SEEDS["clip"], torch.float32)
-    return MatrixGameModel(TINY_MODEL, preset, dit, vae, clip, None)
+    model = MatrixGameModel(TINY_MODEL, preset, dit, vae, clip, None)
+    return model.with_decoder(parse_decoder(decoder or "vae", "--decoder"), image_encoder or "vae")

@@ -3,7 +3,8 @@
 Per block of `num_frame_per_block` latent frames: denoise from noise over the warped few-step
 schedule (x0 from the flow, re-noised to the next step), then one context pass on the clean x0 at
 t = context_noise, which rewrites the block's entries of every cache (self-attention, keyboard,
-mouse); finally the block is decoded from its fp16-rounded latents (the reference decodes in fp16).
+mouse); finally the block is decoded from its fp16-rounded latents (the reference decodes in fp16),
+by the Wan VAE or, when the model says so, by TAEHV (the same latents: the Wan 2.1 VAE's).
 
 The self-attention K/V live in the paged pool (one page per latent frame, a ring of
 `local_attn_size` frames); the action module's keyboard / mouse K/V in its side caches
@@ -14,17 +15,20 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from engine.decoders.taehv import TAEHVDecoder
 from engine.families.matrixgame.action import ActionInputs
 from engine.families.matrixgame.conditioning import WorldConditioning
 from engine.families.matrixgame.dit import ActionStep, MatrixGameDiT
 from engine.families.matrixgame.rolling_cache import new_action_caches
 from engine.families.wan.vae import WanVAE
 from engine.flow_match import FlowMatchSchedule
-from engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
+from engine.kv.pool import KVPool, KVPoolSpec
+from engine.kv.session_cache import PagedSessionCache
 from engine.noise import NoiseSource
 from inferix.spec.sampling import PipelineConfig
 
@@ -51,13 +55,14 @@ class WorldBlock:
 
 
 class MatrixGamePipeline:
-    """The DiT, the VAE and the sampling settings; opens world sessions."""
+    """The DiT, the decoder and the sampling settings; opens world sessions. `decoder`: the Wan VAE
+    (as the reference) or TAEHV; both stream a block at a time from the same latents."""
 
-    def __init__(self, dit: MatrixGameDiT, vae: WanVAE, config: PipelineConfig) -> None:
+    def __init__(self, dit: MatrixGameDiT, decoder: WanVAE | TAEHVDecoder, config: PipelineConfig) -> None:
         if config.block.is_global:
             raise ValueError("Matrix-Game 2.0 generates with a local window: set local_attn_size (not -1)")
         self.dit = dit
-        self.vae = vae
+        self.decoder = decoder
         self.config = config
         self.schedule = FlowMatchSchedule(config.sampling.schedule)
         self.timesteps = self.schedule.denoising_timesteps(config.sampling)
@@ -134,7 +139,8 @@ class MatrixGameLoop:
         self.action_caches = new_action_caches(len(self.dit.action_layers), block.local_attn_size, block.sink_size)
         with torch.no_grad():
             self.context = self.dit.encode_context(conditioning.visual_context)
-        self.decode_state = pipeline.vae.new_decode_state()
+        # The VAE's or TAEHV's state, whichever `pipeline.decoder` is (each reads only its own).
+        self.decode_state: Any = pipeline.decoder.new_decode_state()
         self.next_block = 0
 
     @property
@@ -193,7 +199,7 @@ class MatrixGameLoop:
     @torch.no_grad()
     def replay_block(self, x0: Tensor) -> Tensor:
         """Continue from the next block's clean latents ``x0`` as made before (a restore): its context
-        pass rewrites every cache the block wrote, its decode advances the VAE's state. Returns its video."""
+        pass rewrites every cache the block wrote, its decode advances the decoder's state. Returns its video."""
         return self._commit(x0.to(self.dit.patch_embedding.weight.device, self.pipeline.timesteps.dtype))[1]
 
     def _commit(self, x0: Tensor) -> tuple[Tensor, Tensor]:
@@ -203,7 +209,7 @@ class MatrixGameLoop:
         cond = self.conditioning.cond_concat[:, start : start + nf].to(x0.device)
         t = torch.full((1, nf), self.pipeline.config.sampling.context_noise, device=x0.device)
         context_flow = self._call(x0, cond, t.to(self.pipeline.timesteps.dtype), start)
-        video = self.pipeline.vae.decode_block(x0.half().to(x0.dtype), self.decode_state)
+        video = self.pipeline.decoder.decode_block(x0.half().to(x0.dtype), self.decode_state)
         self.next_block += 1
         return context_flow, video
 
