@@ -85,6 +85,7 @@ def _print_session(info: Any) -> None:
         f"{info.session_id}  {info.state:<9} blocks {info.blocks_done}"
         f"{'/' + str(info.num_blocks) if info.num_blocks else ''}  {info.model} {info.width}x{info.height}  "
         f"worker {info.worker_id or '-'}  prompt {info.current_prompt!r}"
+        + ("  latency interactive" if info.latency == "interactive" else "")
         + (f"  error: {info.error}" if info.error else "")
     )
     for label, url in (("viewer", info.viewer_url), ("rtmp", info.rtmp_url)):
