@@ -216,7 +216,7 @@ class AdaptiveClock(PacingClock):
     def start(self, index: int, now: float) -> None:
         super().start(index, now)
         assert self.anchor_time is not None
-        self._first_due = self.anchor_time - (index - self.first_index) / self.fps
+        self._first_due = self.anchor_time
         self._started_at = now
         self._arrivals.clear()
 
@@ -263,6 +263,7 @@ class AdaptiveClock(PacingClock):
         return frozen
 
     def skip_to(self, index: int, now: float, skipped: int) -> None:
+        """Frame `index` is due now (a backlog skip); its timestamp is its release time, as always here."""
         self.anchor_time = now
         self.anchor_index = index
 
