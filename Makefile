@@ -34,14 +34,14 @@ lint:
 	ruff format --check .
 	lint-imports
 	mypy inferix inferix_cli engine workers scheduler streamer kvcache_svc lvbench toyworld_lab
-	mypy bench/engine.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py \
+	mypy bench/engine_speed.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py \
 		bench/streaming.py bench/service_deps.py bench/batching.py bench/magi.py bench/precision.py bench/quant.py \
 		bench/play_latency.py bench/capacity.py bench/drain.py bench/served.py
 	mypy scripts/gpu_check.py
 	$(MAKE) --no-print-directory buf-lint docker-lint helm-lint
 
 bench:
-	$(PYTHON) bench/engine.py
+	$(PYTHON) bench/engine_speed.py
 	$(PYTHON) bench/vae.py
 	$(PYTHON) bench/mesh.py
 	$(PYTHON) bench/kvcache.py

@@ -31,7 +31,7 @@ from engine.families.wan.pipeline import DiTJob, WanLoop, WanPipeline
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 
-# The mid-size CPU config of bench/engine.py: dim 384, 6 layers, 448 tokens per latent frame.
+# The mid-size CPU config of bench/engine_speed.py: dim 384, 6 layers, 448 tokens per latent frame.
 MID_DIT = WanDiTConfig(dim=384, ffn_dim=1536, num_heads=6, num_layers=6, freq_dim=256, text_len=64)
 MID_LATENT = (28, 64)
 MID_BLOCK = BlockConfig(num_frame_per_block=3, local_attn_size=12, sink_size=3)

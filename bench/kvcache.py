@@ -24,7 +24,8 @@ import torch
 
 from engine.families.wan.dit import CausalWanDiT
 from engine.families.wan.pipeline import ReplayBlock, WanPipeline
-from engine.kv.pool import KV_DTYPES, KVPool, KVPoolSpec
+from engine.kv.page_codec import KV_DTYPES
+from engine.kv.pool import KVPool, KVPoolSpec
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from inferix.store import MemoryStore

@@ -50,7 +50,8 @@ from engine.families.wan.engine import WanEngine
 from engine.families.wan.golden import WanCase
 from engine.families.wan.loader import LoadedModel, load_wan_model
 from engine.families.wan.pipeline import WanPipeline
-from engine.kv.pool import KV_DTYPES, KVPool, KVPoolSpec
+from engine.kv.page_codec import KV_DTYPES
+from engine.kv.pool import KVPool, KVPoolSpec
 from engine.quant import QUANT_MODES, int8_path, parse_quant, quantize_linears, quantized_skeleton, weight_bytes
 from engine.quant.kernels import int8_activation_levels
 from engine.registry import wan_cases

@@ -26,7 +26,8 @@ from torch import Tensor
 from engine.batching import BlockBatcher, ForwardStats
 from engine.capabilities import Capabilities, EngineRequest, check
 from engine.compiled import CompileOptions, WarmUp
-from engine.kv.pool import KVPool, SessionUsage
+from engine.kv.pool import KVPool
+from engine.kv.session_cache import SessionUsage
 from inferix.errors import UserError
 from inferix.spec.action_schema import ActionSchema
 from inferix.spec.actions import ActionTrack, HeldAction

@@ -26,8 +26,9 @@ from torch import Tensor
 
 from engine.attention.backends import AttentionBackend
 from engine.families.wan.dit import CausalWanDiT
-from engine.kv.pool import KVPool, PagedSessionCache
+from engine.kv.pool import KVPool
 from engine.kv.protocol import SelfAttentionCache
+from engine.kv.session_cache import PagedSessionCache
 
 # Distinct step shapes captured at most (a window's fill is one per cache length); beyond, eager.
 MAX_GRAPHS = 32

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Generic, Protocol, Self, TypeVar
 
-from engine.kv.pool import SessionUsage
+from engine.kv.session_cache import SessionUsage
 from inferix.errors import UserError
 from inferix.spec.action_schema import ActionSchema
 from inferix.spec.actions import HeldAction

@@ -95,3 +95,16 @@ def test_inferix_session_commands_run_without_torch(logged_mesh: Mesh) -> None:
     assert "inferix.spec.schedule" in imported_modules(created.stderr)  # the check sees the CLI's imports
     for run in (created, watched):
         assert not TORCH_IMPORT.search(run.stderr), "inferix session imported torch"
+
+
+def test_no_script_shadows_a_package() -> None:
+    # `python bench/X.py` puts bench/ first on sys.path: a bench/engine.py would be imported as `engine`.
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    assert {"engine", "inferix", "workers"} <= packages
+    shadows = [
+        f"{folder}/{script.name}"
+        for folder in ("bench", "scripts")
+        for script in (ROOT / folder).glob("*.py")
+        if script.stem in packages
+    ]
+    assert not shadows, f"rename these scripts: they shadow a package when run: {shadows}"

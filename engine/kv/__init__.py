@@ -2,8 +2,9 @@
 
 from engine.kv.contiguous import ContiguousKVCache
 from engine.kv.errors import KVCapacityError, KVOrderError
-from engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache, PoolUsage, SessionUsage
+from engine.kv.pool import KVPool, KVPoolSpec, PoolUsage
 from engine.kv.protocol import SelfAttentionCache
+from engine.kv.session_cache import PagedSessionCache, SessionUsage
 
 __all__ = [
     "ContiguousKVCache",

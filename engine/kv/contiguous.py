@@ -2,7 +2,7 @@
 
 This follows the Self Forcing index rule literally (tokens, `global_end` / `local_end`, a copy
 that shifts the kept frames left when the window overflows). The engine uses the paged pool;
-this class is kept as the baseline of `bench/engine.py` and as an independent oracle for the
+this class is kept as the baseline of `bench/engine_speed.py` and as an independent oracle for the
 paged window logic in the tests.
 
 `protect_sink` adds LongLive 1.0's rule (wan/modules/causal_model.py): a call that rewrites frames

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from engine.families.wan.pipeline import BlockOutput, DiTJob, ReplayBlock, WanLoop, WanPipeline
 from engine.families.wan.vae import VAEDecodeState, WanVAE
-from engine.kv.pool import PagedSessionCache, SessionUsage
+from engine.kv.session_cache import PagedSessionCache, SessionUsage
 from inferix.errors import InferixError
 
 LOG = logging.getLogger(__name__)

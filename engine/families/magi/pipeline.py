@@ -39,7 +39,8 @@ from engine.families.magi.schedule import (
     stage_calls,
     window_spec,
 )
-from engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache
+from engine.kv.pool import KVPool, KVPoolSpec
+from engine.kv.session_cache import PagedSessionCache
 from engine.noise import INITIAL_STEP, draw_seed
 from inferix.errors import UserError
 from inferix.profiling import profile

@@ -54,7 +54,8 @@ from engine.families.wan.pipeline import (
     WanPipeline,
     run_solo,
 )
-from engine.kv.pool import KVPool, SessionUsage
+from engine.kv.pool import KVPool
+from engine.kv.session_cache import SessionUsage
 from engine.parallel.pod_driver import PodDriver, PodSession
 from engine.session_tail import SessionTail
 from inferix.errors import UserError

@@ -22,7 +22,7 @@ from engine.families.wan.text_encoder import UMT5Encoder
 from engine.families.wan.vae import WanVAE, to_unit_range
 from engine.flow_match import FlowMatchSchedule
 from engine.golden import Comparison, GoldenCase, _diff, run_checks
-from engine.kv.pool import PagedSessionCache
+from engine.kv.session_cache import PagedSessionCache
 from engine.noise import RecordedNoise
 from inferix.spec.architectures import UMT5Config, WanDiTConfig, WanVAEConfig
 from inferix.spec.parity import GOLDEN_TOLERANCE

@@ -36,7 +36,9 @@ from torch import Tensor
 
 from engine.families.wan.dit import CausalWanDiT, CrossAttentionKV, DiTCall
 from engine.flow_match import FlowMatchSchedule
-from engine.kv.pool import KVPool, KVPoolSpec, PagedSessionCache, check_kv_dtype
+from engine.kv.page_codec import check_kv_dtype
+from engine.kv.pool import KVPool, KVPoolSpec
+from engine.kv.session_cache import PagedSessionCache
 from engine.noise import NoiseSource, SeededNoise
 from inferix.profiling import profile
 from inferix.spec.sampling import PipelineConfig, rope_rebase
