@@ -28,6 +28,7 @@ class Capabilities:
     pods: bool  # sequence-parallel worker pods (torchrun)
     compiles: bool  # --compile and --cuda-graphs of its DiT step
     batching: bool  # its sessions' DiT calls share batched forwards on a worker
+    snapshots: bool  # exact KV snapshots of a session (`engine.snapshot`): recovery replays at most N blocks
 
 
 WAN = Capabilities(
@@ -39,6 +40,7 @@ WAN = Capabilities(
     pods=True,
     compiles=True,
     batching=True,
+    snapshots=True,
 )
 MAGI = Capabilities(
     name="MAGI-1",
@@ -49,6 +51,7 @@ MAGI = Capabilities(
     pods=False,
     compiles=False,
     batching=False,
+    snapshots=False,
 )
 # MAGI-1's abilities, started from an image instead of text.
 # Its VAE is the Wan 2.1 VAE, so taew2_1 decodes its latents too (MAGI-1's own latents are not Wan's).
@@ -65,6 +68,7 @@ class EngineRequest:
     pod: bool = False
     compile: bool = False
     cuda_graphs: bool = False
+    snapshots: bool = False  # a worker asked to ship KV snapshots (--snapshot-every N > 0)
 
 
 def refusal(caps: Capabilities, request: EngineRequest) -> str | None:
@@ -86,6 +90,10 @@ def refusal(caps: Capabilities, request: EngineRequest) -> str | None:
             return f"{flag}: {name} runs eagerly (Wan-family models compile and replay CUDA graphs)"
         if asked and request.pod:
             return f"{flag}: a sequence-parallel pod runs its DiT eagerly; start it without {flag}"
+    if request.snapshots and not caps.snapshots:
+        return f"--snapshot-every: {name} has no KV snapshots yet (it recovers by replay); use --snapshot-every 0"
+    if request.snapshots and request.pod:
+        return "--snapshot-every: a sequence-parallel pod recovers by replay, not snapshots; use --snapshot-every 0"
     if request.pod and request.kv_dtype != "auto":
         return f"--kv-dtype {request.kv_dtype}: a sequence-parallel pod keeps its KV cache in the model's dtype"
     return None

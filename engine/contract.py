@@ -28,6 +28,7 @@ from engine.capabilities import Capabilities, EngineRequest, check
 from engine.compiled import CompileOptions, WarmUp
 from engine.kv.pool import KVPool
 from engine.kv.session_cache import SessionUsage
+from engine.snapshot import SessionSnapshot
 from inferix.errors import UserError
 from inferix.spec.action_schema import ActionSchema
 from inferix.spec.actions import ActionTrack, HeldAction
@@ -122,6 +123,10 @@ class Session(Protocol):
     def block_job(self) -> Any: ...
 
     def restore(self, committed: Sequence[CommittedBlock], *, from_start: bool = True) -> list[int]: ...
+
+    def snapshot(self) -> SessionSnapshot: ...
+
+    def load_snapshot(self, snapshot: SessionSnapshot) -> None: ...
 
     def set_prompt(self, text: str, recache: bool = False) -> None: ...
 

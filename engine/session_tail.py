@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Generic, Protocol, Self, TypeVar
 
 from engine.kv.session_cache import SessionUsage
+from engine.snapshot import SessionSnapshot
 from inferix.errors import UserError
 from inferix.spec.action_schema import ActionSchema
 from inferix.spec.actions import HeldAction
@@ -54,6 +55,15 @@ class SessionTail(ABC, Generic[Block]):
     def hold(self, action: HeldAction) -> None:
         """Hold an action from the next block on (a model that takes actions overrides this)."""
         raise UserError("this model takes no actions; steer it with prompts")
+
+    def snapshot(self) -> SessionSnapshot:
+        """A copy of everything the next block reads (a family whose capabilities say `snapshots`
+        overrides this and `load_snapshot`)."""
+        raise UserError("this model has no KV snapshots; it recovers by replaying its committed blocks")
+
+    def load_snapshot(self, snapshot: SessionSnapshot) -> None:
+        """Continue from `snapshot` instead of replaying the blocks it covers."""
+        raise UserError("this model has no KV snapshots; it recovers by replaying its committed blocks")
 
     def offload(self) -> None:
         """Move the session's KV pages to host memory (`KVCapacityError` if the host tier is full)."""

@@ -29,6 +29,11 @@ HOST_PAGES_USED = Gauge(
 )
 PAGES_RESERVED = Gauge("inferix_kvcache_pages_reserved", "KV pool pages reserved by admitted sessions on alive workers")
 ADMISSIONS = Counter("inferix_kvcache_admissions", "Admit requests by outcome", ["outcome"])
+SNAPSHOTS = Counter(
+    "inferix_kvcache_snapshots",
+    "KV snapshots received, by outcome: stored (the session's latest now), older (a newer one was kept)",
+    ["outcome"],
+)
 REFUSALS = Counter(
     "inferix_kvcache_refusals",
     "Admit requests refused for want of room, by reason: realtime (an available worker had the KV pages but "

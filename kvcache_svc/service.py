@@ -32,6 +32,7 @@ from kvcache_svc.errors import (
 )
 from kvcache_svc.offload import SessionReport, Watermarks, plan_offload
 from kvcache_svc.registry import KVReport, Registry, WorkerRecord, require_id
+from kvcache_svc.snapshots import SnapshotStore
 
 log = logging.getLogger("kvcache_svc")
 # GetCommittedBlocks reads this many blocks from the store at a time and streams messages of about
@@ -151,6 +152,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
         self.store = store
         self.registry = Registry(store, config.heartbeat_timeout_s)
         self.blocks = BlockStore(store)
+        self.snapshots = SnapshotStore(store)
 
     @_with_statuses
     async def RegisterWorker(
@@ -249,6 +251,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
     async def Release(self, request: kvcache_pb2.ReleaseRequest, context: Any) -> kvcache_pb2.ReleaseResponse:
         workers = await self.registry.release(request.session_id)
         blocks = await self.blocks.expire(request.session_id, self.config.finished_ttl_s)
+        await self.snapshots.expire(request.session_id, self.config.finished_ttl_s)
         log.info(
             "session %s released from %s; its %d committed blocks expire in %.0fs",
             request.session_id, ", ".join(workers), blocks, self.config.finished_ttl_s,
@@ -288,6 +291,25 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
                 size += message.ByteSize()
         if batch or not wanted:
             yield kvcache_pb2.GetCommittedBlocksResponse(blocks=batch)
+
+    @_with_statuses
+    async def PutSnapshot(
+        self, request: kvcache_pb2.PutSnapshotRequest, context: Any
+    ) -> kvcache_pb2.PutSnapshotResponse:
+        if not request.HasField("snapshot"):
+            raise InvalidRequestError(f"PutSnapshot for session {request.session_id!r} carries no snapshot")
+        stored = await self.snapshots.put(request.session_id, request.snapshot)
+        metrics.SNAPSHOTS.labels(outcome="stored" if stored else "older").inc()
+        return kvcache_pb2.PutSnapshotResponse(stored=stored)
+
+    @_with_statuses
+    async def GetSnapshot(
+        self, request: kvcache_pb2.GetSnapshotRequest, context: Any
+    ) -> kvcache_pb2.GetSnapshotResponse:
+        snapshot = await self.snapshots.get(request.session_id)
+        if snapshot is None:
+            return kvcache_pb2.GetSnapshotResponse(found=False)
+        return kvcache_pb2.GetSnapshotResponse(found=True, snapshot=snapshot)
 
 
 def add_to_server(server: grpc.aio.Server, store: Store, config: KVCacheConfig) -> Registration:

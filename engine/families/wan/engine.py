@@ -56,8 +56,10 @@ from engine.families.wan.pipeline import (
 )
 from engine.kv.pool import KVPool
 from engine.kv.session_cache import SessionUsage
+from engine.noise import SeededNoise
 from engine.parallel.pod_driver import PodDriver, PodSession
 from engine.session_tail import SessionTail
+from engine.snapshot import SessionSnapshot, SnapshotMismatch, dataclass_tree, fill_dataclass
 from inferix.errors import UserError
 from inferix.profiling import profile
 from inferix.spec.action_schema import ActionSchema
@@ -207,7 +209,8 @@ class WanSession(SessionTail[VideoBlock]):
         self._held = action
 
     def _loop(self) -> WanLoop:
-        assert isinstance(self.session, WanLoop), "action models run in one process (no pods)"
+        if not isinstance(self.session, WanLoop):  # capabilities refuse both for pods before this
+            raise UserError("actions and KV snapshots need a session in one process (not a sequence-parallel pod)")
         return self.session
 
     def _block_key_rows(self, block: int) -> Tensor:
@@ -276,6 +279,52 @@ class WanSession(SessionTail[VideoBlock]):
         if committed:
             self.prompt_text = committed[-1].prompt
         return frames
+
+    def _snapshot_identity(self) -> dict[str, Any]:
+        loop = self._loop()
+        seed = loop.noise.seed if isinstance(loop.noise, SeededNoise) else None
+        return {
+            "family": "wan",
+            "model": self.model.name,
+            "width": self.width,
+            "height": self.height,
+            "seed": seed,
+            "decoder": type(self.decoder).__name__,
+        }
+
+    def snapshot(self) -> SessionSnapshot:
+        """A copy of everything the next block reads (see `engine.snapshot`); between blocks."""
+        loop = self._loop()
+        held = None if self._held is None else [list(self._held.keys), list(self._held.mouse)]
+        state = {
+            "loop": loop.snapshot_state(),
+            "decoder": dataclass_tree(self.decode_state),
+            "prompt": self.prompt_text,
+            "held": held,
+        }
+        return SessionSnapshot(loop.next_block, self.next_frame, self._snapshot_identity(), state)
+
+    @torch.no_grad()
+    def load_snapshot(self, snapshot: SessionSnapshot) -> None:
+        """Continue from `snapshot` (of a session of the same request) instead of replaying the blocks it
+        covers; `restore(..., from_start=False)` replays the blocks committed after it. `SnapshotMismatch`
+        if it is of another kind of session (the session is then left as it was)."""
+        snapshot.check_identity(self._snapshot_identity())
+        loop = self._loop()
+        state = snapshot.state
+        decode_state = fill_dataclass(self.decoder.new_decode_state(), state["decoder"], loop.pipeline.device)
+        try:
+            loop.load_state(state["loop"])
+        except ValueError as exc:  # e.g. another KV layout (--kv-dtype) than the snapshot's
+            raise SnapshotMismatch(str(exc)) from exc
+        prompt = str(state["prompt"])
+        if prompt != self.prompt_text:
+            loop._use_prompt(self._encode(prompt))
+            self.prompt_text = prompt
+        self.decode_state = decode_state
+        self.next_frame = snapshot.next_frame
+        held = state["held"]
+        self._held = None if held is None else HeldAction(tuple(held[0]), tuple(held[1]))
 
     def new_redecode_state(self) -> Any:
         """A decoder state for `redecode`: the session's own decoder is never touched."""

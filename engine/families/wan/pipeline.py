@@ -29,13 +29,14 @@ import time
 import uuid
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import Tensor
 
 from engine.families.wan.dit import CausalWanDiT, CrossAttentionKV, DiTCall
 from engine.flow_match import FlowMatchSchedule
+from engine.kv import snapshot as kv_snapshot
 from engine.kv.page_codec import check_kv_dtype
 from engine.kv.pool import KVPool, KVPoolSpec
 from engine.kv.session_cache import PagedSessionCache
@@ -361,6 +362,35 @@ class WanLoop:
             self.next_frame = committed.start_frame + committed.latents.shape[1]
         if next_block is not None:
             self.next_block = next_block
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """A copy of what the next block reads besides its prompt (see `engine.snapshot`): the KV pages
+        exactly as stored, the clean latents a re-cache re-encodes, the key rows a keyboard branch
+        still reads, and the block and frame counters. Taken between blocks."""
+        if self._pending_prompt is not None:
+            raise RuntimeError(f"session {self.session_id}: a snapshot between a prompt switch and its block")
+        latent_frames = sorted(self._frame_latents)
+        key_frames = sorted(self._key_rows)
+        return {
+            "cache": kv_snapshot.capture(self.cache).to_tree(),
+            "next_block": self.next_block,
+            "next_frame": self.next_frame,
+            "latent_frames": latent_frames,
+            "latents": [self._frame_latents[f].detach().to("cpu", copy=True) for f in latent_frames],
+            "key_frames": key_frames,
+            "key_rows": [self._key_rows[f].clone() for f in key_frames],
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue from `snapshot_state` of a session like this one, in place of its first blocks."""
+        if self.next_block or self.next_frame or self.cache.frames:
+            raise RuntimeError(f"session {self.session_id}: a snapshot loads into a new session only")
+        kv_snapshot.load(self.cache, kv_snapshot.CacheSnapshot.from_tree(state["cache"]))
+        device = self.pipeline.device
+        self._frame_latents = {f: t.to(device) for f, t in zip(state["latent_frames"], state["latents"], strict=True)}
+        self._key_rows = dict(zip(state["key_frames"], state["key_rows"], strict=True))
+        self.next_block = int(state["next_block"])
+        self.next_frame = int(state["next_frame"])
 
     def close(self) -> None:
         if not self.closed:

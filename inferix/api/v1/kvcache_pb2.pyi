@@ -230,3 +230,45 @@ class GetCommittedBlocksResponse(_message.Message):
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[CommittedBlock]
     def __init__(self, blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ...) -> None: ...
+
+class KVSnapshot(_message.Message):
+    __slots__ = ("next_block", "next_frame", "state", "worker_id", "block_frames")
+    NEXT_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FRAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    next_block: int
+    next_frame: int
+    state: bytes
+    worker_id: str
+    block_frames: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, next_block: _Optional[int] = ..., next_frame: _Optional[int] = ..., state: _Optional[bytes] = ..., worker_id: _Optional[str] = ..., block_frames: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PutSnapshotRequest(_message.Message):
+    __slots__ = ("session_id", "snapshot")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    snapshot: KVSnapshot
+    def __init__(self, session_id: _Optional[str] = ..., snapshot: _Optional[_Union[KVSnapshot, _Mapping]] = ...) -> None: ...
+
+class PutSnapshotResponse(_message.Message):
+    __slots__ = ("stored",)
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    stored: bool
+    def __init__(self, stored: _Optional[bool] = ...) -> None: ...
+
+class GetSnapshotRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class GetSnapshotResponse(_message.Message):
+    __slots__ = ("found", "snapshot")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    snapshot: KVSnapshot
+    def __init__(self, found: _Optional[bool] = ..., snapshot: _Optional[_Union[KVSnapshot, _Mapping]] = ...) -> None: ...

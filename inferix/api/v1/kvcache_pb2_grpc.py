@@ -85,6 +85,16 @@ class KVCacheServiceStub:
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksResponse.FromString,
                 _registered_method=True)
+        self.PutSnapshot = channel.unary_unary(
+                '/inferix.v1.KVCacheService/PutSnapshot',
+                request_serializer=inferix_dot_v1_dot_kvcache__pb2.PutSnapshotRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_kvcache__pb2.PutSnapshotResponse.FromString,
+                _registered_method=True)
+        self.GetSnapshot = channel.unary_unary(
+                '/inferix.v1.KVCacheService/GetSnapshot',
+                request_serializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class KVCacheServiceServicer:
@@ -157,6 +167,20 @@ class KVCacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutSnapshot(self, request, context):
+        """A worker's exact KV snapshot of a session (every N blocks); only the latest per session is kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSnapshot(self, request, context):
+        """The session's latest snapshot: recovery loads it and replays only the blocks committed after it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVCacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -209,6 +233,16 @@ def add_KVCacheServiceServicer_to_server(servicer, server):
                     servicer.GetCommittedBlocks,
                     request_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksResponse.SerializeToString,
+            ),
+            'PutSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutSnapshot,
+                    request_deserializer=inferix_dot_v1_dot_kvcache__pb2.PutSnapshotRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_kvcache__pb2.PutSnapshotResponse.SerializeToString,
+            ),
+            'GetSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSnapshot,
+                    request_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -482,6 +516,60 @@ class KVCacheService:
             '/inferix.v1.KVCacheService/GetCommittedBlocks',
             inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksRequest.SerializeToString,
             inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferix.v1.KVCacheService/PutSnapshot',
+            inferix_dot_v1_dot_kvcache__pb2.PutSnapshotRequest.SerializeToString,
+            inferix_dot_v1_dot_kvcache__pb2.PutSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferix.v1.KVCacheService/GetSnapshot',
+            inferix_dot_v1_dot_kvcache__pb2.GetSnapshotRequest.SerializeToString,
+            inferix_dot_v1_dot_kvcache__pb2.GetSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,
