@@ -4,15 +4,27 @@ In-engine: N toyworld sessions of one `WanEngine`, every block (DiT and decode) 
 `BlockBatcher`, as a worker runs them, as fast as it goes. Served: one worker of a mesh on
 127.0.0.1 (scheduler -> worker -> streamer + kvcache_svc), N sessions created at once by the SDK
 with a lookahead past their length (throughput, not real-time pacing), frames/s from the first
-create to the last completion. Two meshes side by side: the worker's OpenMP threads spinning a while
-before they sleep (libgomp's default, the worker's before) and sleeping at once (OMP_WAIT_POLICY=
-PASSIVE, the worker's default now). All with the same torch threads, in one run; the worker also
-reports the sessions per batched forward.
+create to the last completion. Both with the same torch threads, in one run. Then a fresh worker's
+start-up capacity probe, whose claim is printed next to the real-time streams served (served fps /
+model fps): what a worker claims for admission should be what it serves. From the worker's
+metrics it also prints the sessions per batched forward, where a served block's time goes (the
+worker's `inferix_worker_block_stage_seconds`: scheduler round trip, admission, compute, frame
+publishing, commit) and what the worker's engine thread did with its wall time
+(`inferix_worker_engine_seconds_total`: forwards, decodes, the rest of the steps, gaps between
+steps, idle).
 
-    python bench/served.py [--sessions 1 2 4 8] [--blocks 24] [--threads 2]
+    python -P bench/served.py [--sessions 1 2 4 8] [--blocks 24] [--threads 2] [--before DIR]
+
+(`-P`: this folder's bench/engine_speed.py must not shadow the `engine` package.)
 """
 
 from __future__ import annotations
+
+import os
+
+# The worker's OpenMP wait (workers/__main__.py), for the in-engine figure too: the same policy on both
+# sides, and a spinning bench would starve the mesh it measures.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import re
@@ -29,6 +41,7 @@ from inferix.client import BlockDone, Client, StateChanged
 from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 
 FRAMES_PER_BLOCK = 3  # toyworld: a latent frame is a video frame
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def in_engine_fps(engine: WanEngine, n: int, blocks: int) -> float:
@@ -60,31 +73,61 @@ def served_fps(client: Client, n: int, blocks: int) -> float:
     return frames / (time.perf_counter() - began)
 
 
-def batch_histogram(port: int) -> tuple[float, float]:
-    """(forwards, sessions summed over them) from the worker's inferix_worker_batch_sessions."""
+def scrape(port: int) -> dict[str, float]:
+    """The worker's counters that the report reads, by name (and label)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    count = float(re.search(r"^inferix_worker_batch_sessions_count (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
-    total = float(re.search(r"^inferix_worker_batch_sessions_sum (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
-    return count, total
+    values = {}
+    for name, value in re.findall(r"^(inferix_worker_\S+) (\S+)$", text, re.M):
+        values[name] = float(value)
+    return values
 
 
-# The worker's OpenMP wait before (libgomp's default when OMP_WAIT_POLICY is unset: spin 300,000 rounds,
-# then sleep; GOMP_SPINCOUNT takes precedence over the policy the worker now sets) and now (sleep at once).
-WAITS = {"spin": {"GOMP_SPINCOUNT": "300000"}, "sleep": {}}
+STAGES = ("dispatch", "admit", "compute", "publish", "commit")
+PARTS = ("forward", "decode", "step", "gap")
 
 
-def start(workdir: Path, threads: int, env: dict[str, str]) -> Mesh:
+def breakdown(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """Means over the blocks served between two scrapes `seconds` apart: sessions per forward, each
+    block stage (ms), and the engine thread's share of that wall time by part (idle: the rest)."""
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    out = {"batch": delta("inferix_worker_batch_sessions_sum") / max(delta("inferix_worker_batch_sessions_count"), 1)}
+    for stage in STAGES:
+        key = f'inferix_worker_block_stage_seconds_{{}}{{{{stage="{stage}"}}}}'
+        out[stage] = 1e3 * delta(key.format("sum")) / max(delta(key.format("count")), 1)
+    parts = {part: delta(f'inferix_worker_engine_seconds_total{{part="{part}"}}') for part in PARTS}
+    parts["idle"] = max(seconds - sum(parts.values()), 0.0)
+    out.update({f"%{part}": 100 * spent / seconds for part, spent in parts.items()})
+    return out
+
+
+def start(workdir: Path, threads: int, probe: int = 0, tree: Path | None = None) -> Mesh:
+    """One worker; `probe`: its start-up capacity probe's sessions at most (0: none, 64 streams claimed
+    so that admission never queues a session of the bench); `tree`: the source tree its services run
+    from (default: this one)."""
     config = MeshConfig(
         workdir=workdir,
         workers=1,
         worker_threads=threads,
         lookahead=100_000,
-        realtime_streams=64,
-        capacity_probe=0,
+        realtime_streams=0 if probe else 64,
+        capacity_probe=probe,
         rtmp="off",
-        env=env,
+        env={"PYTHONPATH": str(tree or ROOT)},
     )
     return start_mesh(config)
+
+
+def probed_streams(workdir: Path, threads: int) -> float:
+    """The real-time streams a fresh worker's capacity probe claims (up to 8 sessions)."""
+    mesh = start(workdir, threads, probe=8)
+    try:
+        values = scrape(mesh.workers[0].metrics_port or 0)
+        return max(v for k, v in values.items() if k.startswith("inferix_worker_realtime_streams{"))
+    finally:
+        mesh.stop()
 
 
 def main() -> None:
@@ -92,44 +135,65 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--blocks", type=int, default=24, help="blocks per session (default 24: 4.5 s of video)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in-engine and of the worker (default 2)")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a source tree of an earlier commit (e.g. `git archive COMMIT | tar -x -C DIR`): a second mesh runs "
+        "from it, side by side with this tree's, each N measured on both in turn",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engine = WanEngine(load_wan_model("toyworld"))
     in_engine_fps(engine, 1, 2)  # warm-up
-    policies = tuple(WAITS)
-    rows = []
+    trees = {"now": ROOT, **({"before": args.before.resolve()} if args.before else {})}
+    rows: dict[str, list[tuple[int, dict[str, float]]]] = {name: [] for name in trees}
     with tempfile.TemporaryDirectory() as tmp:
-        meshes = {policy: start(Path(tmp) / policy, args.threads, WAITS[policy]) for policy in policies}
+        # The services' `python -m` puts their working folder first on their path, before PYTHONPATH.
+        os.chdir(tmp)
+        meshes = {name: start(Path(tmp) / name, args.threads, tree=tree) for name, tree in trees.items()}
         try:
-            clients = {policy: Client(mesh.address, timeout=900) for policy, mesh in meshes.items()}
+            clients = {name: Client(mesh.address, timeout=900) for name, mesh in meshes.items()}
             for client in clients.values():
                 served_fps(client, 1, 2)  # warm-up
             for n in args.sessions:
-                row: dict[str, float] = {"engine": in_engine_fps(engine, n, args.blocks)}
-                for policy in policies:
-                    port = meshes[policy].workers[0].metrics_port or 0
-                    before = batch_histogram(port)
-                    row[policy] = served_fps(clients[policy], n, args.blocks)
-                    after = batch_histogram(port)
-                    row[f"{policy}_batch"] = (after[1] - before[1]) / max(after[0] - before[0], 1)
-                rows.append((n, row))
-                print(f"N={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
+                engine_fps = in_engine_fps(engine, n, args.blocks)
+                for name, mesh in meshes.items():
+                    port = mesh.workers[0].metrics_port or 0
+                    before, began = scrape(port), time.perf_counter()
+                    fps = served_fps(clients[name], n, args.blocks)
+                    window = time.perf_counter() - began
+                    row = {"engine": engine_fps, "served": fps, **breakdown(before, scrape(port), window)}
+                    rows[name].append((n, row))
+                    print(f"{name} N={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
             for client in clients.values():
                 client.close()
         finally:
             for mesh in meshes.values():
                 mesh.stop()
-    print(f"\ntoyworld, {args.blocks} blocks per session, {args.threads} torch threads, one worker per mesh")
+        claimed = probed_streams(Path(tmp) / "probe", args.threads)
+    fps = float(engine.model.fps)
+    for name, tree in trees.items():
+        print(f"\n{name} ({tree}): toyworld, {args.blocks} blocks/session, {args.threads} torch threads, one worker")
+        print(f"{'N':>3} {'in-engine fps':>14} {'served fps':>11} {'served/engine':>14} {'sessions/forward':>17}")
+        for n, row in rows[name]:
+            print(
+                f"{n:>3} {row['engine']:>14.1f} {row['served']:>11.1f} {row['served'] / row['engine']:>13.2f}x "
+                f"{row['batch']:>17.2f}"
+            )
+        print("per served block, mean ms by stage; the worker's engine thread, % of its wall time by part")
+        print(f"{'N':>3} " + " ".join(f"{s:>9}" for s in STAGES) + " " + " ".join(f"{p:>8}" for p in (*PARTS, "idle")))
+        for n, row in rows[name]:
+            print(
+                f"{n:>3} "
+                + " ".join(f"{row[s]:>9.1f}" for s in STAGES)
+                + " "
+                + " ".join(f"{row['%' + p]:>7.1f}%" for p in (*PARTS, "idle"))
+            )
     print(
-        f"{'N':>3} {'in-engine fps':>14} {'served, spin':>13} {'served, sleep':>14} "
-        f"{'spin/engine':>12} {'sleep/engine':>13} {'sessions/forward (sleep)':>25}"
+        f"\ncapacity probe of a fresh worker (this tree): {claimed:.0f} real-time streams claimed; served: "
+        + ", ".join(f"N={n} {row['served'] / fps:.1f}" for n, row in rows["now"])
+        + f" real-time streams ({fps:.0f} fps each)"
     )
-    for n, row in rows:
-        print(
-            f"{n:>3} {row['engine']:>14.1f} {row['spin']:>13.1f} {row['sleep']:>14.1f} "
-            f"{row['spin'] / row['engine']:>11.2f}x {row['sleep'] / row['engine']:>12.2f}x "
-            f"{row['sleep_batch']:>25.2f}"
-        )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ completed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -48,6 +49,15 @@ class Ending:
 
     state: int
     reason: str
+
+
+@dataclass
+class _Sent:
+    """A block sent to the session's worker: its index, the call, when it was sent."""
+
+    block: int
+    call: asyncio.Future[tuple[common_pb2.BlockEvent, float]]
+    started: float
 
 
 class Dispatcher:
@@ -216,50 +226,101 @@ class Dispatcher:
                 await record.wait(wait)
                 continue
             over_quota = False
-            block = record.next_block
-            recache = False
-            if block in schedule:
-                record.current_prompt, recache = schedule[block].text, schedule[block].recache
-            if record.pending_prompt is not None:
-                record.current_prompt, recache = record.pending_prompt.text, record.pending_prompt.recache
-                record.pending_prompt = None
-            # At the block it was answered with: not earlier, e.g. when a block in flight then fails and is re-run.
-            if record.pending_action is not None and record.pending_action.at_block <= block:
-                record.current_action, record.pending_action = record.pending_action.action, None
-            try:
-                await self._run_block(record, block, recache)
-            except Exception as exc:
-                failure = self.placement.failure(exc)
-                refused = failure == "UNAVAILABLE" and await self.placement.drains(record)
-                if failure is not None and (record.worker_leaving or refused):
-                    record.worker_leaving = True  # its draining worker refused the block: it moves (above)
-                    continue
-                if failure is None:
-                    raise
-                if recoveries >= self.config.max_recoveries:
-                    metrics.RECOVERY_FAILURES.inc()
-                    raise
-                recoveries += 1
-                await self._recover(record, failure)
+            sent: _Sent | None = self._send(record, record.next_block, schedule)
+            while sent is not None:  # its block, then the ones sent ahead of each answer
+                # The session's next block waits at the worker while this one is made, so that it joins the
+                # worker's next batched forward without a round trip (within the lookahead).
+                may = self._may_send_ahead(record, sent, schedule)
+                sent_ahead = self._send(record, sent.block + 1, schedule) if may else None
+                try:
+                    await self._finish(record, sent)
+                except Exception as exc:
+                    if sent_ahead is not None:
+                        await self._withdraw(record, sent_ahead)
+                    failure = self.placement.failure(exc)
+                    refused = failure == "UNAVAILABLE" and await self.placement.drains(record)
+                    if failure is not None and (record.worker_leaving or refused):
+                        record.worker_leaving = True  # its draining worker refused the block: it moves (above)
+                        break
+                    if failure is None:
+                        raise
+                    if recoveries >= self.config.max_recoveries:
+                        metrics.RECOVERY_FAILURES.inc()
+                        raise
+                    recoveries += 1
+                    await self._recover(record, failure)
+                    break
+                sent = sent_ahead
 
-    async def _run_block(self, record: SessionRecord, block: int, recache: bool) -> None:
+    def _may_send_ahead(self, record: SessionRecord, sent: _Sent, schedule: dict[int, common_pb2.PromptChange]) -> bool:
+        """Whether the block after `sent` (in flight) may be sent now: the session plays smoothly (an
+        interactive one waits for each block, to answer actions as late as possible), nothing stops or
+        holds it, the block keeps the prompt and action of the one in flight (so that a re-run of that
+        one, after a failure, is made as before), and it is within the lookahead with the one in flight
+        counted as made."""
+        if record.valid.latency is LatencyMode.INTERACTIVE or record.first_block_at is None:
+            return False
+        if record.cancel_requested or record.stop_requested or self.stopping or record.worker_leaving:
+            return False
+        block = sent.block + 1
+        if record.paused_since is not None or record.pending_prompt is not None or block in schedule:
+            return False
+        if record.pending_action is not None:
+            return False
+        if record.valid.num_blocks and block >= record.valid.num_blocks:
+            return False
+        model = self.presets.get(record.spec.model)
+        frames_per_block = record.valid.shape.video_frames_per_block
+        made = (record.frames_made or record.next_block * frames_per_block) + frames_per_block
+        if made - record.playback_frame(float(model.video.fps)) > record.valid.lookahead * frames_per_block:
+            return False
+        return self.quotas.wait_s(record.owner) <= 0
+
+    def _send(self, record: SessionRecord, block: int, schedule: dict[int, common_pb2.PromptChange]) -> _Sent:
+        """Take the block's prompt and action and send it to the session's worker."""
+        recache = False
+        if block in schedule:
+            record.current_prompt, recache = schedule[block].text, schedule[block].recache
+        if record.pending_prompt is not None:
+            record.current_prompt, recache = record.pending_prompt.text, record.pending_prompt.recache
+            record.pending_prompt = None
+        # At the block it was answered with: not earlier, e.g. when a block in flight then fails and is re-run.
+        if record.pending_action is not None and record.pending_action.at_block <= block:
+            record.current_action, record.pending_action = record.pending_action.action, None
         record.in_flight = block
-        started = time.perf_counter()
         # Charged when dispatched, so that sessions of one key running at once never pass its budget.
         self.quotas.charge_block(record.owner)
+        call = asyncio.ensure_future(self._call(record, block, recache))
+        return _Sent(block, call, time.perf_counter())
+
+    async def _call(self, record: SessionRecord, block: int, recache: bool) -> tuple[common_pb2.BlockEvent, float]:
+        with tracer("inferix.scheduler").start_as_current_span(
+            "scheduler.block", attributes={SESSION_ID_ATTR: record.session_id, BLOCK_INDEX_ATTR: block}
+        ):
+            call_started = time.perf_counter()
+            event = await self.placement.run_block(record, block, recache)
+            return event, time.perf_counter() - call_started
+
+    async def _withdraw(self, record: SessionRecord, sent: _Sent) -> None:
+        """The block before `sent` failed: `sent` is not made here (the worker refuses it, or it is made
+        again after the recovery)."""
+        sent.call.cancel()
+        with contextlib.suppress(BaseException):
+            await sent.call
+        self.quotas.refund_block(record.owner)
+
+    async def _finish(self, record: SessionRecord, sent: _Sent) -> None:
+        """Wait for the block's answer and announce it."""
+        block = sent.block
         try:
-            with tracer("inferix.scheduler").start_as_current_span(
-                "scheduler.block", attributes={SESSION_ID_ATTR: record.session_id, BLOCK_INDEX_ATTR: block}
-            ):
-                call_started = time.perf_counter()
-                event = await self.placement.run_block(record, block, recache)
-                call_s = time.perf_counter() - call_started
+            event, call_s = await sent.call
         except BaseException:
             self.quotas.refund_block(record.owner)  # it is run again (recovery) or never made
             raise
         finally:
-            record.in_flight = None
-        elapsed = time.perf_counter() - started
+            if record.in_flight == block:  # else the next block is in flight
+                record.in_flight = None
+        elapsed = time.perf_counter() - sent.started
         event.timings.dispatch_to_done_ms = elapsed * 1e3
         if record.first_block_at is not None:  # the first block pays the worker's first-call costs: no estimate
             record.generation_s.append(elapsed)
@@ -273,7 +334,7 @@ class Dispatcher:
         metrics.BLOCK_VIDEO_SECONDS.inc(event.num_frames / self.presets.get(record.spec.model).video.fps)
         record.announce(event)
         await self.table.persist(record)
-        metrics.DISPATCH_OVERHEAD.observe(time.perf_counter() - started - call_s)
+        metrics.DISPATCH_OVERHEAD.observe(time.perf_counter() - sent.started - call_s)
 
     async def _recover(self, record: SessionRecord, failure: str) -> None:
         failed = record.worker_id

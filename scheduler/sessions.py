@@ -110,6 +110,8 @@ class SessionRecord:
     announced_blocks: int = 0
     # Loaded from the store: the events of blocks before `announced_blocks` are still to be fetched.
     history_missing: bool = False
+    # The last block sent to its worker and not yet answered (the one after the block being made, when
+    # the dispatcher sent it ahead); None: none.
     in_flight: int | None = None
     current_prompt: str = ""
     pending_prompt: PendingPrompt | None = None
@@ -151,7 +153,7 @@ class SessionRecord:
     @property
     def boundary(self) -> int:
         """The first block a command sent now can still affect."""
-        return self.next_block + (1 if self.in_flight is not None else 0)
+        return self.in_flight + 1 if self.in_flight is not None else self.next_block
 
     def to_proto(self) -> common_pb2.Session:
         spec = common_pb2.SessionSpec()

@@ -34,6 +34,28 @@ FORWARD_SECONDS = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8),
 )
 BATCH_RUNNING = Gauge("inferix_worker_batch_running", "Block jobs in progress in the batcher")
+# Where a served block's time goes (bench/served.py prints the means). Per block, in order: `dispatch`
+# from the reply to the session's previous block to this block's request (the scheduler's round trip),
+# `admit` until its job joins the batcher (session order, prompt change), `compute` in the batcher
+# until it is done (its DiT calls batched with the others', then its decode), `publish` of its frames,
+# `commit` of its latents, until the reply.
+BLOCK_STAGE_SECONDS = Histogram(
+    "inferix_worker_block_stage_seconds",
+    "Seconds a served block spends in each stage: dispatch (scheduler round trip since the previous "
+    "block's reply), admit, compute, publish, commit",
+    ["stage"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8),
+)
+# What the engine thread did with its time: `forward` (batched DiT forwards), `decode` (the VAE decode of
+# finished blocks), `step` (the rest of a batcher step: noise, schedule, job bookkeeping) and `gap`
+# (between two steps while jobs are queued: handing results over, waiting for the event loop). The rest
+# of the wall time it is idle: no job queued, every session's next block elsewhere (e.g. on its way
+# from the scheduler).
+ENGINE_SECONDS = Counter(
+    "inferix_worker_engine_seconds_total",
+    "Wall-clock seconds of the worker's engine thread by what it did: forward, decode, step, gap (idle: the rest)",
+    ["part"],
+)
 REALTIME_STREAMS = Gauge(
     "inferix_worker_realtime_streams",
     "Sessions this worker runs at once in real time, measured per resolution",

@@ -1,0 +1,152 @@
+"""The worker's link to kvcache_svc: block commits, committed-block reads, registration, heartbeats.
+
+A block's clean latents are committed after its frames were published, so a crash between the two
+makes a successor regenerate the block (bit-identical; the streamer drops the re-sent frames)
+rather than lose it. Heartbeats report KV usage, the sessions held and the real-time capacity, and
+carry kvcache_svc's offload decisions back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from engine.contract import VideoBlock
+from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
+from inferix.server import channel
+from inferix.spec.blocks import CommittedBlock
+from workers.retry import while_away
+
+log = logging.getLogger("inferix.worker")
+INTERNAL_DEADLINE_S = 30.0
+COMMITTED_PAGE_DEADLINE_S = 60.0  # one page of committed blocks (~4 MiB)
+
+
+@dataclass
+class WorkerReport:
+    """What a heartbeat (or the registration) reports, built fresh for each."""
+
+    kv: common_pb2.KVUsage
+    session_ids: list[str]
+    session_reports: list[kvcache_pb2.SessionKVReport]
+    capacity: list[kvcache_pb2.StreamCapacity]
+    realtime_factor: float
+
+
+class KVCacheLink:
+    def __init__(self, address: str, worker_id: str) -> None:
+        self.address = address
+        self.worker_id = worker_id
+        self.stub = kvcache_pb2_grpc.KVCacheServiceStub(channel(address))
+        self._sequence = 0
+
+    async def commit(self, session_id: str, block: VideoBlock, action: common_pb2.HeldAction) -> None:
+        """Store the block's latents, with the action it was made under (commits are idempotent)."""
+        committed = dataclasses.replace(
+            block.committed(), action_keys=tuple(action.keys), action_mouse=tuple(action.mouse)
+        )
+        request = kvcache_pb2.CommitBlockRequest(session_id=session_id, block=committed.to_proto())
+
+        async def attempt() -> None:
+            try:
+                await self.stub.CommitBlock(request, timeout=INTERNAL_DEADLINE_S)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.ALREADY_EXISTS:  # ALREADY_EXISTS: a re-run of a committed block
+                    raise
+
+        await while_away(f"commit of {session_id} block {block.index}: kvcache_svc", attempt)
+
+    async def committed_chunks(
+        self, session_id: str, before_block: int | None = None, from_block: int = 0
+    ) -> AsyncIterator[list[CommittedBlock]]:
+        """The session's committed blocks in order (from `from_block`), a page (one stream message) at a
+        time, each page its own call: a replay that takes long between pages never runs into a stream
+        deadline."""
+        while before_block is None or from_block < before_block:
+            call = self.stub.GetCommittedBlocks(
+                kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id, from_block=from_block),
+                timeout=COMMITTED_PAGE_DEADLINE_S,
+            )
+            page = await call.read()
+            call.cancel()
+            if page is grpc.aio.EOF or not page.blocks:
+                return
+            chunk = [
+                CommittedBlock.from_proto(b)
+                for b in page.blocks
+                if before_block is None or b.block_index < before_block
+            ]
+            if chunk:
+                yield chunk
+            from_block = page.blocks[-1].block_index + 1
+
+    async def register_and_heartbeat(
+        self,
+        address: str,
+        model: str,
+        device: str,
+        interval: float,
+        report: Callable[[], WorkerReport],
+        offload: Callable[[list[str]], Awaitable[None]],
+        stop: asyncio.Event,
+    ) -> None:
+        """Register with kvcache_svc, then report until `stop` (re-registering if forgotten); sessions
+        kvcache_svc asks to offload go to `offload`."""
+        registered = False
+        while not stop.is_set():
+            try:
+                if not registered:
+                    now = report()
+                    reply = await self.stub.RegisterWorker(
+                        kvcache_pb2.RegisterWorkerRequest(
+                            worker_id=self.worker_id,
+                            address=address,
+                            model=model,
+                            kv=now.kv,
+                            capacity=now.capacity,
+                            device=device,
+                        ),
+                        timeout=5,
+                    )
+                    interval = reply.heartbeat_interval_s or interval
+                    registered = True
+                    log.info("registered with kvcache_svc at %s as %s", self.address, address)
+                self._sequence += 1
+                now = report()
+                reply = await self.stub.Heartbeat(
+                    kvcache_pb2.HeartbeatRequest(
+                        worker_id=self.worker_id,
+                        sequence=self._sequence,
+                        kv=now.kv,
+                        session_ids=now.session_ids,
+                        session_reports=now.session_reports,
+                        capacity=now.capacity,
+                        realtime_factor=now.realtime_factor,
+                    ),
+                    timeout=5,
+                )
+                if reply.offload_session_ids:
+                    await offload(list(reply.offload_session_ids))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    registered = False  # kvcache_svc restarted without our record
+                else:
+                    log.warning("heartbeat to kvcache_svc failed: %s", exc.details())
+            except Exception:  # keep heartbeating: a dead loop would make the worker look dead
+                log.exception("heartbeat failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+
+    async def deregister(self) -> None:
+        """Leave placement (kvcache_svc need not wait for missed heartbeats)."""
+        try:
+            await self.stub.DeregisterWorker(kvcache_pb2.DeregisterWorkerRequest(worker_id=self.worker_id), timeout=5)
+            log.info("deregistered from kvcache_svc")
+        except grpc.aio.AioRpcError as exc:  # heartbeats have stopped: it will time out anyway
+            log.warning("deregistration failed (%s); kvcache_svc notices when heartbeats stop", exc.code().name)

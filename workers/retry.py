@@ -1,0 +1,31 @@
+"""Calls to a service that may be restarting: retried while it is away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+log = logging.getLogger("inferix.worker")
+AWAY_RETRY_S = 60.0  # how long frames and commits wait for a restarting streamer / kvcache_svc
+
+
+async def while_away(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
+    """Run `attempt` until it succeeds, retrying with backoff for `AWAY_RETRY_S` while the other
+    service is away (UNAVAILABLE, DEADLINE_EXCEEDED: restarting); other errors are raised at once."""
+    deadline = time.monotonic() + AWAY_RETRY_S
+    delay = 0.2
+    while True:
+        try:
+            await attempt()
+            return
+        except grpc.aio.AioRpcError as exc:
+            away = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            if not away or time.monotonic() > deadline:
+                raise
+            log.warning("%s %s; retrying", what, exc.code().name)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 2.0)
