@@ -62,8 +62,10 @@ function applyLatency() {
 }
 
 const DISPLAY_DELAYS_KEPT = 64;
+let measuringDisplay = false; // one callback chain per page: a reconnect keeps the same video element
 function measureDisplay(video) {
-  if (!("requestVideoFrameCallback" in video)) return;
+  if (measuringDisplay || !("requestVideoFrameCallback" in video)) return;
+  measuringDisplay = true;
   const onFrame = (now, meta) => {
     if (meta.receiveTime !== undefined) { // WebRTC frames only
       viewer.displayDelays.push(meta.expectedDisplayTime - meta.receiveTime);
