@@ -34,6 +34,7 @@ from engine.golden import Comparison, GoldenCase, find_cases
 from engine.kv.pool import KVPool
 from engine.parallel.pod_driver import PodDriver
 from inferix.errors import UserError
+from inferix.spec.decoders import DecoderChoice, decoder_identity
 from inferix.spec.families.magi import is_magi_preset, magi_presets
 from inferix.spec.families.matrixgame import is_matrixgame_model
 
@@ -44,6 +45,7 @@ __all__ = [
     "GoldenKind",
     "LoadOptions",
     "Model",
+    "decoder_of",
     "engine_for",
     "family_capabilities",
     "family_of",
@@ -186,6 +188,13 @@ def load_model(model: str | Path | None, options: LoadOptions, *, served: bool =
         )
     loaded: Model = family.load(model, options)
     return loaded
+
+
+def decoder_of(model: Model) -> str:
+    """What the model's sessions are decoded with, as a session records it (`decoder_identity`):
+    MAGI-1 always decodes with its own VAE."""
+    choice = model.decoder_choice if isinstance(model, (LoadedModel, MatrixGameModel)) else DecoderChoice()
+    return decoder_identity(choice)
 
 
 def engine_for(

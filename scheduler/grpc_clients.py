@@ -9,7 +9,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc, worker_pb2, worker_pb2_grpc
 from inferix.server import channel
-from scheduler.hosting import CallFailed, NoRoom, OpenedSession, PlacementUnavailable, WorkerInfo, WorkerRef
+from scheduler.hosting import (
+    CallFailed,
+    DecodesOtherwise,
+    NoRoom,
+    OpenedSession,
+    PlacementUnavailable,
+    WorkerInfo,
+    WorkerRef,
+)
 
 # A callee that could not be reached or did not answer in time: it may be gone.
 UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
@@ -113,8 +121,14 @@ class GrpcWorkers:
         request = worker_pb2.OpenSessionRequest(
             session_id=session_id, spec=spec, streamer_address=streamer_address, announced_blocks=announced_blocks
         )
-        reply = await self._worker(address).OpenSession(request, timeout=timeout)
-        return OpenedSession(reply.next_block, list(reply.blocks))
+        try:
+            reply = await self._worker(address).OpenSession(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            # The worker's only FAILED_PRECONDITION at OpenSession: the session's decoder is not its own.
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise DecodesOtherwise(exc.details() or "the worker decodes otherwise") from exc
+            raise
+        return OpenedSession(reply.next_block, list(reply.blocks), reply.decoder)
 
     async def run_block(
         self,

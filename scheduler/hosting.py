@@ -9,6 +9,11 @@ kvcache_svc (no admission on it until it heartbeats again) and tries the next on
 fails mid-session is replaced the same way, and the new worker rebuilds the KV cache from the
 committed blocks (recovery by recompute).
 
+A session keeps its decoder (`SessionSpec.decoder`): the first worker that opens it reports its
+own, which the spec records; a worker that decodes otherwise refuses it (`DecodesOtherwise`) and
+placement tries the next one, so a session never moves to a worker that would decode its frames
+differently, and waits for one that decodes alike when none is up.
+
 kvcache_svc and the workers are reached through the `KVCache` and `WorkerClient` protocols; their
 gRPC adapters are in `scheduler.grpc_clients`.
 """
@@ -37,6 +42,10 @@ class PlacementUnavailable(Exception):
 
 class WorkerUnresponsive(Exception):
     """A worker accepted a call but stopped answering health probes (e.g. a stopped process)."""
+
+
+class DecodesOtherwise(Exception):
+    """A worker refused to open a session: it decodes latents otherwise than the session was made with."""
 
 
 class CallFailed(Exception):
@@ -83,6 +92,7 @@ class OpenedSession:
 
     next_block: int
     blocks: list[common_pb2.BlockEvent]
+    decoder: str = ""  # what the worker decodes with (`SessionSpec.decoder`'s spelling)
 
 
 @dataclass(frozen=True)
@@ -156,7 +166,8 @@ class WorkerClient(Protocol):
         announced_blocks: int,
         timeout: float,
     ) -> OpenedSession:
-        """Open the session, or find it open; a worker new to it restores its committed blocks."""
+        """Open the session, or find it open; a worker new to it restores its committed blocks. Raises
+        `DecodesOtherwise` when the worker decodes otherwise than `spec.decoder` says."""
         ...
 
     async def run_block(
@@ -218,11 +229,18 @@ class Placement:
         hung worker never keeps a session (or a client) waiting. Raises `PlacementUnavailable` when
         kvcache_svc cannot be reached; a worker's refusal propagates.
         """
-        excluded: list[str] = []  # unreachable on this attempt
+        excluded: list[str] = []  # unreachable, or decoding otherwise, on this attempt
+        refusals: list[str] = []
         while await self._admit(record, excluded):
             try:
                 await self._open_on_worker(record)
                 return True
+            except DecodesOtherwise as exc:
+                log.info("session %s: %s; trying another worker", record.session_id, exc)
+                refusals.append(str(exc))
+                excluded.append(record.worker_id)
+                record.worker_id = record.worker_address = ""
+                continue
             except Exception as exc:
                 failure = self.failure(exc)
                 if failure is None:
@@ -236,6 +254,8 @@ class Placement:
                 await self._report_failure(record.worker_id, f"OpenSession: {failure}")
                 excluded.append(record.worker_id)
                 record.worker_id = record.worker_address = ""
+        if refusals:
+            record.no_room = f"no live worker with room decodes with {record.spec.decoder}: " + "; ".join(refusals)
         return False
 
     async def try_place(self, record: SessionRecord) -> bool:
@@ -381,6 +401,8 @@ class Placement:
                 timeout=self.config.block_deadline_s,
             ),
         )
+        if not record.spec.decoder:  # its first worker: from now on the session is decoded this way
+            record.spec.decoder = opened.decoder
         record.next_block = opened.next_block
         if record.history_missing:
             record.restore_history(opened.blocks)

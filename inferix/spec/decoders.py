@@ -4,16 +4,20 @@ Spelled ``vae`` or ``taehv:PATH`` (a TAEHV weight file, ``.pth`` or ``.safetenso
 ``model.yaml``'s ``decoder:`` key and in ``--decoder`` (`inferix generate`, `inferix serve`,
 ``python -m workers``). A relative PATH in ``model.yaml`` is inside the model folder; on a command
 line it is relative to the working directory. Torch-free: the control plane parses it too.
+
+A session records what it was decoded with (`decoder_identity`, ``SessionSpec.decoder``) so that
+every worker that hosts it later decodes alike.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from inferix.errors import UserError
 
-__all__ = ["DEFAULT_DECODER", "DecoderChoice", "parse_decoder"]
+__all__ = ["DEFAULT_DECODER", "DecoderChoice", "decoder_identity", "parse_decoder"]
 
 DEFAULT_DECODER = "vae"
 TAEHV = "taehv"
@@ -50,3 +54,16 @@ def parse_decoder(value: str, where: str, relative_to: Path | None = None) -> De
     if relative_to is not None and not file.is_absolute():
         file = relative_to / file
     return DecoderChoice(TAEHV, file)
+
+
+def decoder_identity(choice: DecoderChoice) -> str:
+    """What a session records as its decoder: "vae", or "taehv:sha256:" and the first 16 hex digits
+    of the weight file's SHA-256. The file's content, not its path: workers that mount the same
+    weights at other paths agree, and a file replaced under the same path does not."""
+    if choice.is_vae or choice.path is None:
+        return choice.kind
+    digest = hashlib.sha256()
+    with choice.path.open("rb") as weights:
+        for chunk in iter(lambda: weights.read(1 << 20), b""):
+            digest.update(chunk)
+    return f"{choice.kind}:sha256:{digest.hexdigest()[:16]}"

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17inferix/v1/common.proto\x12\ninferix.v1\"+\n\nResolution\x12\r\n\x05width\x18\x01 \x01(\r\x12\x0e\n\x06height\x18\x02 \x01(\r\"?\n\x0cPromptChange\x12\x10\n\x08\x61t_block\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07recache\x18\x03 \x01(\x08\":\n\rOutputOptions\x12\x0b\n\x03mp4\x18\x01 \x01(\x08\x12\x0c\n\x04rtmp\x18\x02 \x01(\x08\x12\x0e\n\x06webrtc\x18\x03 \x01(\x08\"\xa8\x02\n\x0bSessionSpec\x12\r\n\x05model\x18\x01 \x01(\t\x12*\n\nresolution\x18\x02 \x01(\x0b\x32\x16.inferix.v1.Resolution\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12)\n\x07prompts\x18\x04 \x03(\x0b\x32\x18.inferix.v1.PromptChange\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12*\n\x07outputs\x18\x06 \x01(\x0b\x32\x19.inferix.v1.OutputOptions\x12\x11\n\tlookahead\x18\x07 \x01(\r\x12\x19\n\x11wait_for_capacity\x18\x08 \x01(\x08\x12\r\n\x05image\x18\t \x01(\x0c\x12(\n\x07latency\x18\n \x01(\x0e\x32\x17.inferix.v1.LatencyMode\")\n\nHeldAction\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\r\n\x05mouse\x18\x02 \x03(\x01\"&\n\tActionKey\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\";\n\tMouseAxis\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07minimum\x18\x02 \x01(\x01\x12\x0f\n\x07maximum\x18\x03 \x01(\x01\"j\n\x0c\x41\x63tionSchema\x12#\n\x04keys\x18\x01 \x03(\x0b\x32\x15.inferix.v1.ActionKey\x12$\n\x05mouse\x18\x02 \x03(\x0b\x32\x15.inferix.v1.MouseAxis\x12\x0f\n\x07one_hot\x18\x03 \x01(\x08\">\n\x0cPlaybackUrls\x12\x0b\n\x03mp4\x18\x01 \x01(\t\x12\x0c\n\x04rtmp\x18\x02 \x01(\t\x12\x13\n\x0bwebrtc_page\x18\x03 \x01(\t\"\xde\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.inferix.v1.SessionSpec\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.inferix.v1.SessionState\x12\x13\n\x0b\x62locks_done\x18\x04 \x01(\r\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12&\n\x04urls\x18\x06 \x01(\x0b\x32\x18.inferix.v1.PlaybackUrls\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x17\n\x0f\x63reated_at_unix\x18\x08 \x01(\x01\x12\x16\n\x0e\x63urrent_prompt\x18\t \x01(\t\x12/\n\raction_schema\x18\n \x01(\x0b\x32\x18.inferix.v1.ActionSchema\x12.\n\x0e\x63urrent_action\x18\x0b \x01(\x0b\x32\x16.inferix.v1.HeldAction\"x\n\x0c\x42lockTimings\x12\x12\n\ndenoise_ms\x18\x01 \x01(\x01\x12\x12\n\ncontext_ms\x18\x02 \x01(\x01\x12\x11\n\tdecode_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x1b\n\x13\x64ispatch_to_done_ms\x18\x05 \x01(\x01\"\xc0\x01\n\nBlockEvent\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\r\x12\x13\n\x0b\x66irst_frame\x18\x02 \x01(\r\x12\x12\n\nnum_frames\x18\x03 \x01(\r\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12)\n\x07timings\x18\x05 \x01(\x0b\x32\x18.inferix.v1.BlockTimings\x12\x11\n\tworker_id\x18\x06 \x01(\t\x12&\n\x06\x61\x63tion\x18\x07 \x01(\x0b\x32\x16.inferix.v1.HeldAction\"q\n\x07KVUsage\x12\x13\n\x0btotal_pages\x18\x01 \x01(\r\x12\x12\n\nused_pages\x18\x02 \x01(\r\x12\x12\n\npage_bytes\x18\x03 \x01(\x04\x12\x17\n\x0fhost_pages_used\x18\x04 \x01(\r\x12\x10\n\x08sessions\x18\x05 \x01(\r*b\n\x0bLatencyMode\x12\x1c\n\x18LATENCY_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13LATENCY_MODE_SMOOTH\x10\x01\x12\x1c\n\x18LATENCY_MODE_INTERACTIVE\x10\x02*\xd0\x01\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_QUEUED\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x18\n\x14SESSION_STATE_PAUSED\x10\x03\x12\x1b\n\x17SESSION_STATE_COMPLETED\x10\x04\x12\x1b\n\x17SESSION_STATE_CANCELLED\x10\x05\x12\x18\n\x14SESSION_STATE_FAILED\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17inferix/v1/common.proto\x12\ninferix.v1\"+\n\nResolution\x12\r\n\x05width\x18\x01 \x01(\r\x12\x0e\n\x06height\x18\x02 \x01(\r\"?\n\x0cPromptChange\x12\x10\n\x08\x61t_block\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07recache\x18\x03 \x01(\x08\":\n\rOutputOptions\x12\x0b\n\x03mp4\x18\x01 \x01(\x08\x12\x0c\n\x04rtmp\x18\x02 \x01(\x08\x12\x0e\n\x06webrtc\x18\x03 \x01(\x08\"\xb9\x02\n\x0bSessionSpec\x12\r\n\x05model\x18\x01 \x01(\t\x12*\n\nresolution\x18\x02 \x01(\x0b\x32\x16.inferix.v1.Resolution\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12)\n\x07prompts\x18\x04 \x03(\x0b\x32\x18.inferix.v1.PromptChange\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12*\n\x07outputs\x18\x06 \x01(\x0b\x32\x19.inferix.v1.OutputOptions\x12\x11\n\tlookahead\x18\x07 \x01(\r\x12\x19\n\x11wait_for_capacity\x18\x08 \x01(\x08\x12\r\n\x05image\x18\t \x01(\x0c\x12(\n\x07latency\x18\n \x01(\x0e\x32\x17.inferix.v1.LatencyMode\x12\x0f\n\x07\x64\x65\x63oder\x18\x0b \x01(\t\")\n\nHeldAction\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\r\n\x05mouse\x18\x02 \x03(\x01\"&\n\tActionKey\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\";\n\tMouseAxis\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07minimum\x18\x02 \x01(\x01\x12\x0f\n\x07maximum\x18\x03 \x01(\x01\"j\n\x0c\x41\x63tionSchema\x12#\n\x04keys\x18\x01 \x03(\x0b\x32\x15.inferix.v1.ActionKey\x12$\n\x05mouse\x18\x02 \x03(\x0b\x32\x15.inferix.v1.MouseAxis\x12\x0f\n\x07one_hot\x18\x03 \x01(\x08\">\n\x0cPlaybackUrls\x12\x0b\n\x03mp4\x18\x01 \x01(\t\x12\x0c\n\x04rtmp\x18\x02 \x01(\t\x12\x13\n\x0bwebrtc_page\x18\x03 \x01(\t\"\xde\x02\n\x07Session\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.inferix.v1.SessionSpec\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.inferix.v1.SessionState\x12\x13\n\x0b\x62locks_done\x18\x04 \x01(\r\x12\x11\n\tworker_id\x18\x05 \x01(\t\x12&\n\x04urls\x18\x06 \x01(\x0b\x32\x18.inferix.v1.PlaybackUrls\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x17\n\x0f\x63reated_at_unix\x18\x08 \x01(\x01\x12\x16\n\x0e\x63urrent_prompt\x18\t \x01(\t\x12/\n\raction_schema\x18\n \x01(\x0b\x32\x18.inferix.v1.ActionSchema\x12.\n\x0e\x63urrent_action\x18\x0b \x01(\x0b\x32\x16.inferix.v1.HeldAction\"x\n\x0c\x42lockTimings\x12\x12\n\ndenoise_ms\x18\x01 \x01(\x01\x12\x12\n\ncontext_ms\x18\x02 \x01(\x01\x12\x11\n\tdecode_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\x12\x1b\n\x13\x64ispatch_to_done_ms\x18\x05 \x01(\x01\"\xc0\x01\n\nBlockEvent\x12\x13\n\x0b\x62lock_index\x18\x01 \x01(\r\x12\x13\n\x0b\x66irst_frame\x18\x02 \x01(\r\x12\x12\n\nnum_frames\x18\x03 \x01(\r\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12)\n\x07timings\x18\x05 \x01(\x0b\x32\x18.inferix.v1.BlockTimings\x12\x11\n\tworker_id\x18\x06 \x01(\t\x12&\n\x06\x61\x63tion\x18\x07 \x01(\x0b\x32\x16.inferix.v1.HeldAction\"q\n\x07KVUsage\x12\x13\n\x0btotal_pages\x18\x01 \x01(\r\x12\x12\n\nused_pages\x18\x02 \x01(\r\x12\x12\n\npage_bytes\x18\x03 \x01(\x04\x12\x17\n\x0fhost_pages_used\x18\x04 \x01(\r\x12\x10\n\x08sessions\x18\x05 \x01(\r*b\n\x0bLatencyMode\x12\x1c\n\x18LATENCY_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13LATENCY_MODE_SMOOTH\x10\x01\x12\x1c\n\x18LATENCY_MODE_INTERACTIVE\x10\x02*\xd0\x01\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14SESSION_STATE_QUEUED\x10\x01\x12\x19\n\x15SESSION_STATE_RUNNING\x10\x02\x12\x18\n\x14SESSION_STATE_PAUSED\x10\x03\x12\x1b\n\x17SESSION_STATE_COMPLETED\x10\x04\x12\x1b\n\x17SESSION_STATE_CANCELLED\x10\x05\x12\x18\n\x14SESSION_STATE_FAILED\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'inferix.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_LATENCYMODE']._serialized_start=1609
-  _globals['_LATENCYMODE']._serialized_end=1707
-  _globals['_SESSIONSTATE']._serialized_start=1710
-  _globals['_SESSIONSTATE']._serialized_end=1918
+  _globals['_LATENCYMODE']._serialized_start=1626
+  _globals['_LATENCYMODE']._serialized_end=1724
+  _globals['_SESSIONSTATE']._serialized_start=1727
+  _globals['_SESSIONSTATE']._serialized_end=1935
   _globals['_RESOLUTION']._serialized_start=39
   _globals['_RESOLUTION']._serialized_end=82
   _globals['_PROMPTCHANGE']._serialized_start=84
@@ -42,23 +42,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OUTPUTOPTIONS']._serialized_start=149
   _globals['_OUTPUTOPTIONS']._serialized_end=207
   _globals['_SESSIONSPEC']._serialized_start=210
-  _globals['_SESSIONSPEC']._serialized_end=506
-  _globals['_HELDACTION']._serialized_start=508
-  _globals['_HELDACTION']._serialized_end=549
-  _globals['_ACTIONKEY']._serialized_start=551
-  _globals['_ACTIONKEY']._serialized_end=589
-  _globals['_MOUSEAXIS']._serialized_start=591
-  _globals['_MOUSEAXIS']._serialized_end=650
-  _globals['_ACTIONSCHEMA']._serialized_start=652
-  _globals['_ACTIONSCHEMA']._serialized_end=758
-  _globals['_PLAYBACKURLS']._serialized_start=760
-  _globals['_PLAYBACKURLS']._serialized_end=822
-  _globals['_SESSION']._serialized_start=825
-  _globals['_SESSION']._serialized_end=1175
-  _globals['_BLOCKTIMINGS']._serialized_start=1177
-  _globals['_BLOCKTIMINGS']._serialized_end=1297
-  _globals['_BLOCKEVENT']._serialized_start=1300
-  _globals['_BLOCKEVENT']._serialized_end=1492
-  _globals['_KVUSAGE']._serialized_start=1494
-  _globals['_KVUSAGE']._serialized_end=1607
+  _globals['_SESSIONSPEC']._serialized_end=523
+  _globals['_HELDACTION']._serialized_start=525
+  _globals['_HELDACTION']._serialized_end=566
+  _globals['_ACTIONKEY']._serialized_start=568
+  _globals['_ACTIONKEY']._serialized_end=606
+  _globals['_MOUSEAXIS']._serialized_start=608
+  _globals['_MOUSEAXIS']._serialized_end=667
+  _globals['_ACTIONSCHEMA']._serialized_start=669
+  _globals['_ACTIONSCHEMA']._serialized_end=775
+  _globals['_PLAYBACKURLS']._serialized_start=777
+  _globals['_PLAYBACKURLS']._serialized_end=839
+  _globals['_SESSION']._serialized_start=842
+  _globals['_SESSION']._serialized_end=1192
+  _globals['_BLOCKTIMINGS']._serialized_start=1194
+  _globals['_BLOCKTIMINGS']._serialized_end=1314
+  _globals['_BLOCKEVENT']._serialized_start=1317
+  _globals['_BLOCKEVENT']._serialized_end=1509
+  _globals['_KVUSAGE']._serialized_start=1511
+  _globals['_KVUSAGE']._serialized_end=1624
 # @@protoc_insertion_point(module_scope)

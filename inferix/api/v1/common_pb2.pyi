@@ -62,7 +62,7 @@ class OutputOptions(_message.Message):
     def __init__(self, mp4: _Optional[bool] = ..., rtmp: _Optional[bool] = ..., webrtc: _Optional[bool] = ...) -> None: ...
 
 class SessionSpec(_message.Message):
-    __slots__ = ("model", "resolution", "seed", "prompts", "num_blocks", "outputs", "lookahead", "wait_for_capacity", "image", "latency")
+    __slots__ = ("model", "resolution", "seed", "prompts", "num_blocks", "outputs", "lookahead", "wait_for_capacity", "image", "latency", "decoder")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class SessionSpec(_message.Message):
     WAIT_FOR_CAPACITY_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LATENCY_FIELD_NUMBER: _ClassVar[int]
+    DECODER_FIELD_NUMBER: _ClassVar[int]
     model: str
     resolution: Resolution
     seed: int
@@ -83,7 +84,8 @@ class SessionSpec(_message.Message):
     wait_for_capacity: bool
     image: bytes
     latency: LatencyMode
-    def __init__(self, model: _Optional[str] = ..., resolution: _Optional[_Union[Resolution, _Mapping]] = ..., seed: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[PromptChange, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., outputs: _Optional[_Union[OutputOptions, _Mapping]] = ..., lookahead: _Optional[int] = ..., wait_for_capacity: _Optional[bool] = ..., image: _Optional[bytes] = ..., latency: _Optional[_Union[LatencyMode, str]] = ...) -> None: ...
+    decoder: str
+    def __init__(self, model: _Optional[str] = ..., resolution: _Optional[_Union[Resolution, _Mapping]] = ..., seed: _Optional[int] = ..., prompts: _Optional[_Iterable[_Union[PromptChange, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., outputs: _Optional[_Union[OutputOptions, _Mapping]] = ..., lookahead: _Optional[int] = ..., wait_for_capacity: _Optional[bool] = ..., image: _Optional[bytes] = ..., latency: _Optional[_Union[LatencyMode, str]] = ..., decoder: _Optional[str] = ...) -> None: ...
 
 class HeldAction(_message.Message):
     __slots__ = ("keys", "mouse")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from inferix.api.v1 import common_pb2 as inferix_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17inferix/v1/worker.proto\x12\ninferix.v1\x1a\x17inferix/v1/common.proto\"\x83\x01\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.inferix.v1.SessionSpec\x12\x18\n\x10streamer_address\x18\x03 \x01(\t\x12\x18\n\x10\x61nnounced_blocks\x18\x04 \x01(\r\"Q\n\x13OpenSessionResponse\x12\x12\n\nnext_block\x18\x01 \x01(\r\x12&\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x16.inferix.v1.BlockEvent\"\x98\x01\n\x0fRunBlockRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62lock_index\x18\x02 \x01(\r\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x0f\n\x07recache\x18\x04 \x01(\x08\x12\x0e\n\x06\x61\x63tion\x18\x05 \x01(\x0c\x12+\n\x0bheld_action\x18\x06 \x01(\x0b\x32\x16.inferix.v1.HeldAction\"9\n\x10RunBlockResponse\x12%\n\x05\x62lock\x18\x01 \x01(\x0b\x32\x16.inferix.v1.BlockEvent\",\n\x16PrefetchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x19\n\x17PrefetchSessionResponse\"@\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rfinish_stream\x18\x02 \x01(\x08\"\x16\n\x14\x43loseSessionResponse\"\x12\n\x10GetStatusRequest\"k\n\x11GetStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1f\n\x02kv\x18\x03 \x01(\x0b\x32\x13.inferix.v1.KVUsage\x12\x13\n\x0bsession_ids\x18\x04 \x03(\t2\x9f\x03\n\rWorkerService\x12N\n\x0bOpenSession\x12\x1e.inferix.v1.OpenSessionRequest\x1a\x1f.inferix.v1.OpenSessionResponse\x12\x45\n\x08RunBlock\x12\x1b.inferix.v1.RunBlockRequest\x1a\x1c.inferix.v1.RunBlockResponse\x12Z\n\x0fPrefetchSession\x12\".inferix.v1.PrefetchSessionRequest\x1a#.inferix.v1.PrefetchSessionResponse\x12Q\n\x0c\x43loseSession\x12\x1f.inferix.v1.CloseSessionRequest\x1a .inferix.v1.CloseSessionResponse\x12H\n\tGetStatus\x12\x1c.inferix.v1.GetStatusRequest\x1a\x1d.inferix.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17inferix/v1/worker.proto\x12\ninferix.v1\x1a\x17inferix/v1/common.proto\"\x83\x01\n\x12OpenSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12%\n\x04spec\x18\x02 \x01(\x0b\x32\x17.inferix.v1.SessionSpec\x12\x18\n\x10streamer_address\x18\x03 \x01(\t\x12\x18\n\x10\x61nnounced_blocks\x18\x04 \x01(\r\"b\n\x13OpenSessionResponse\x12\x12\n\nnext_block\x18\x01 \x01(\r\x12&\n\x06\x62locks\x18\x02 \x03(\x0b\x32\x16.inferix.v1.BlockEvent\x12\x0f\n\x07\x64\x65\x63oder\x18\x03 \x01(\t\"\x98\x01\n\x0fRunBlockRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62lock_index\x18\x02 \x01(\r\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x0f\n\x07recache\x18\x04 \x01(\x08\x12\x0e\n\x06\x61\x63tion\x18\x05 \x01(\x0c\x12+\n\x0bheld_action\x18\x06 \x01(\x0b\x32\x16.inferix.v1.HeldAction\"9\n\x10RunBlockResponse\x12%\n\x05\x62lock\x18\x01 \x01(\x0b\x32\x16.inferix.v1.BlockEvent\",\n\x16PrefetchSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x19\n\x17PrefetchSessionResponse\"@\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rfinish_stream\x18\x02 \x01(\x08\"\x16\n\x14\x43loseSessionResponse\"\x12\n\x10GetStatusRequest\"k\n\x11GetStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1f\n\x02kv\x18\x03 \x01(\x0b\x32\x13.inferix.v1.KVUsage\x12\x13\n\x0bsession_ids\x18\x04 \x03(\t2\x9f\x03\n\rWorkerService\x12N\n\x0bOpenSession\x12\x1e.inferix.v1.OpenSessionRequest\x1a\x1f.inferix.v1.OpenSessionResponse\x12\x45\n\x08RunBlock\x12\x1b.inferix.v1.RunBlockRequest\x1a\x1c.inferix.v1.RunBlockResponse\x12Z\n\x0fPrefetchSession\x12\".inferix.v1.PrefetchSessionRequest\x1a#.inferix.v1.PrefetchSessionResponse\x12Q\n\x0c\x43loseSession\x12\x1f.inferix.v1.CloseSessionRequest\x1a .inferix.v1.CloseSessionResponse\x12H\n\tGetStatus\x12\x1c.inferix.v1.GetStatusRequest\x1a\x1d.inferix.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,23 +35,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENSESSIONREQUEST']._serialized_start=65
   _globals['_OPENSESSIONREQUEST']._serialized_end=196
   _globals['_OPENSESSIONRESPONSE']._serialized_start=198
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=279
-  _globals['_RUNBLOCKREQUEST']._serialized_start=282
-  _globals['_RUNBLOCKREQUEST']._serialized_end=434
-  _globals['_RUNBLOCKRESPONSE']._serialized_start=436
-  _globals['_RUNBLOCKRESPONSE']._serialized_end=493
-  _globals['_PREFETCHSESSIONREQUEST']._serialized_start=495
-  _globals['_PREFETCHSESSIONREQUEST']._serialized_end=539
-  _globals['_PREFETCHSESSIONRESPONSE']._serialized_start=541
-  _globals['_PREFETCHSESSIONRESPONSE']._serialized_end=566
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=568
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=632
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=634
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=656
-  _globals['_GETSTATUSREQUEST']._serialized_start=658
-  _globals['_GETSTATUSREQUEST']._serialized_end=676
-  _globals['_GETSTATUSRESPONSE']._serialized_start=678
-  _globals['_GETSTATUSRESPONSE']._serialized_end=785
-  _globals['_WORKERSERVICE']._serialized_start=788
-  _globals['_WORKERSERVICE']._serialized_end=1203
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=296
+  _globals['_RUNBLOCKREQUEST']._serialized_start=299
+  _globals['_RUNBLOCKREQUEST']._serialized_end=451
+  _globals['_RUNBLOCKRESPONSE']._serialized_start=453
+  _globals['_RUNBLOCKRESPONSE']._serialized_end=510
+  _globals['_PREFETCHSESSIONREQUEST']._serialized_start=512
+  _globals['_PREFETCHSESSIONREQUEST']._serialized_end=556
+  _globals['_PREFETCHSESSIONRESPONSE']._serialized_start=558
+  _globals['_PREFETCHSESSIONRESPONSE']._serialized_end=583
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=585
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=649
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=651
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=673
+  _globals['_GETSTATUSREQUEST']._serialized_start=675
+  _globals['_GETSTATUSREQUEST']._serialized_end=693
+  _globals['_GETSTATUSRESPONSE']._serialized_start=695
+  _globals['_GETSTATUSRESPONSE']._serialized_end=802
+  _globals['_WORKERSERVICE']._serialized_start=805
+  _globals['_WORKERSERVICE']._serialized_end=1220
 # @@protoc_insertion_point(module_scope)

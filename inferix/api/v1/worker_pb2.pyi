@@ -20,12 +20,14 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.SessionSpec, _Mapping]] = ..., streamer_address: _Optional[str] = ..., announced_blocks: _Optional[int] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("next_block", "blocks")
+    __slots__ = ("next_block", "blocks", "decoder")
     NEXT_BLOCK_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DECODER_FIELD_NUMBER: _ClassVar[int]
     next_block: int
     blocks: _containers.RepeatedCompositeFieldContainer[_common_pb2.BlockEvent]
-    def __init__(self, next_block: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.BlockEvent, _Mapping]]] = ...) -> None: ...
+    decoder: str
+    def __init__(self, next_block: _Optional[int] = ..., blocks: _Optional[_Iterable[_Union[_common_pb2.BlockEvent, _Mapping]]] = ..., decoder: _Optional[str] = ...) -> None: ...
 
 class RunBlockRequest(_message.Message):
     __slots__ = ("session_id", "block_index", "prompt", "recache", "action", "held_action")

@@ -13,7 +13,7 @@ from engine.decoders.taehv import TAEHVDecoder, TAEHVLayout, random_taehv_state
 from engine.families.wan.engine import WanEngine
 from engine.families.wan.vae import WanVAE
 from inferix.errors import UserError
-from inferix.spec.decoders import DecoderChoice, parse_decoder
+from inferix.spec.decoders import DecoderChoice, decoder_identity, parse_decoder
 from inferix.spec.presets import load_preset
 
 
@@ -39,6 +39,18 @@ def test_spellings() -> None:
             parse_decoder(bad, "--decoder")
     preset = load_preset("tiny", {"decoder": "taehv:w.pth"})
     assert preset.decoder == "taehv:w.pth" and load_preset("tiny").decoder == "vae"
+
+
+def test_a_sessions_recorded_decoder_is_the_weights_content_not_their_path(tmp_path: Path, taehv_file: Path) -> None:
+    copy = tmp_path / "elsewhere.safetensors"
+    copy.write_bytes(taehv_file.read_bytes())
+    other = tmp_path / "other.safetensors"
+    save_file(random_taehv_state(TAEHVLayout(), seed=99), str(other))
+    recorded = decoder_identity(DecoderChoice("taehv", taehv_file))
+    assert recorded == "taehv:sha256:" + hashlib.sha256(taehv_file.read_bytes()).hexdigest()[:16]
+    assert decoder_identity(DecoderChoice("taehv", copy)) == recorded
+    assert decoder_identity(DecoderChoice("taehv", other)) != recorded
+    assert decoder_identity(DecoderChoice()) == "vae"
 
 
 def test_a_restored_session_decodes_with_taehv_as_the_uninterrupted_one(taehv_file: Path) -> None:
