@@ -133,8 +133,24 @@ def parse_args() -> argparse.Namespace:
         help="KV cache storage: auto (the model's dtype), fp8 or int8 "
         "(8-bit pages with a scale per page and head); env INFERIX_KV_DTYPE",
     )
+    parser.add_argument(
+        "--snapshot-every",
+        default=env("INFERIX_SNAPSHOT_EVERY", "auto"),
+        metavar="N|auto",
+        help="ship an exact KV snapshot of each session to kvcache_svc every N blocks, so that a worker taking "
+        "over replays at most N blocks: auto (default) picks N from the snapshot's bytes against a block's "
+        "latents (see docs/services/workers.md), 0 turns snapshots off (recovery replays every committed "
+        "block); Wan-family models on one device; env INFERIX_SNAPSHOT_EVERY",
+    )
     add_parallel_arguments(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    from workers.snapshots import parse_every  # torch is imported only once the arguments are good
+
+    try:
+        args.snapshot_every = parse_every(args.snapshot_every)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
 
 
 def main() -> None:
@@ -172,6 +188,7 @@ def main() -> None:
             pod=pod,
             compile=args.compile,
             cuda_graphs=args.cuda_graphs,
+            snapshots=bool(args.snapshot_every),
         )
         check(family, request)  # before minutes of loading
         if pod:  # only a family whose capabilities allow pods gets here (checked above)
@@ -212,6 +229,7 @@ def serve(args: argparse.Namespace, model: Model, driver: PodDriver | None = Non
         compile=args.compile,
         cuda_graphs=args.cuda_graphs,
         kv_dtype=args.kv_dtype,
+        snapshot_every=args.snapshot_every,
     )
     options = ServerOptions.from_args(args)
     stop = asyncio.Event()

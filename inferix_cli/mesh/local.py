@@ -85,6 +85,9 @@ class MeshConfig:
     decoder: str | None = None
     # Workers store their KV pages in 8 bits ("fp8", "int8") or the model's dtype ("auto").
     kv_dtype: str = "auto"
+    # Workers ship a KV snapshot of each session every this many blocks (`--snapshot-every`; None:
+    # the workers' default, auto; 0: none).
+    snapshot_every: int | None = None
     metrics: bool = True
     heartbeat_timeout_s: float = 10.0
     env: dict[str, str] = field(default_factory=dict)
@@ -217,6 +220,8 @@ def _launch_worker(
         args += ["--decoder", config.decoder]
     if config.kv_dtype != "auto":
         args += ["--kv-dtype", config.kv_dtype]
+    if config.snapshot_every is not None:
+        args += ["--snapshot-every", str(config.snapshot_every)]
     module = "workers"
     if config.ranks_per_worker > 1:
         # A pod: torchrun starts the ranks, rank 0 writes the port file and is stopped first

@@ -1,0 +1,282 @@
+"""KV snapshots of the worker's sessions: shipped to kvcache_svc every N blocks, loaded on recovery.
+
+A worker that takes over a session loads the session's latest snapshot (`engine.snapshot`: its KV
+pages in the pool's own dtype and layout, plus everything else the next block reads) and replays
+only the blocks committed after it, so recovery takes about the same time one hour or one minute
+into a session. The snapshot is exact, so the frames stay bit-identical to an uninterrupted run;
+replaying from the first block stays the fallback (no snapshot, a snapshot of another layout, e.g.
+another `--kv-dtype`, or one the store lost).
+
+Off the block's path: once a block is committed (`BlockLanes.after_commit`), a background task waits
+for the session's next block boundary (`BlockLanes.paused`: the session's block in the batcher, if
+any, finishes first), copies the session's state on the engine thread (`Session.snapshot`: a few
+pages, well under a millisecond for toyworld; the session's next block waits for it, the others do
+not; `inferix_worker_snapshot_stall_seconds`), serialises the copy in another thread, and ships it
+once every block it covers is committed. The block's reply never waits for any of it. While one
+snapshot of a session is on its way, the next is started by the first commit after it has gone.
+
+The cost model behind the default N (`--snapshot-every auto`). A snapshot costs S bytes (the
+session's window and sink pages plus a few latents); each block commits B bytes of latents anyway.
+Snapshotting every N blocks adds S / N bytes per block to the store's traffic, and a recovery
+replays at most N blocks (one context pass each, r seconds: about a quarter of a block's time for
+a 3-step model) after loading S bytes. `auto` takes the smallest N whose added traffic is at most
+the committed latents' own, N = ceil(S / B): snapshots at most double what the store absorbs,
+clamped to [AUTO_MIN, AUTO_MAX] so that the replay after a snapshot stays short (at most
+AUTO_MAX * r). Toyworld at 64x64: S = 400 KB, B = 6 KB, so N = 64 and a recovery replays at most
+64 blocks (about 1 s on one CPU thread). Wan 1.3B at 480x832 in bf16: S ~ 6 GB for a 21-frame window
+against B = 1.2 MB, so N = AUTO_MAX.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import grpc
+from prometheus_client import Histogram
+
+from engine.contract import Session, VideoBlock
+from engine.snapshot import SessionSnapshot, SnapshotMismatch
+from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
+from inferix.spec.blocks import CommittedBlock
+from workers.blocks import Pause, block_event
+from workers.engine_host import EngineHost
+
+log = logging.getLogger("inferix.worker.snapshots")
+AUTO = "auto"
+AUTO_MIN, AUTO_MAX = 8, 256
+SHIP_DEADLINE_S = 60.0
+FRAMES_KEPT = 64  # frame counts of the last blocks shipped with a snapshot: more than a scheduler lags behind
+SNAPSHOT_STALL_SECONDS = Histogram(
+    "inferix_worker_snapshot_stall_seconds",
+    "Seconds a KV snapshot holds the engine after a block (the copy; serialising and shipping run aside)",
+    buckets=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
+)
+SNAPSHOT_BYTES = Histogram(
+    "inferix_worker_snapshot_bytes",
+    "Bytes of each KV snapshot shipped to kvcache_svc",
+    buckets=(2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28, 2**30, 2**32),
+)
+
+
+def parse_every(value: str) -> int | None:
+    """`--snapshot-every`: "auto" (None: the cost model's N per session), 0 (off) or N >= 1 blocks."""
+    if value == AUTO:
+        return None
+    try:
+        every = int(value)
+    except ValueError:
+        raise ValueError(f"--snapshot-every must be 'auto' or a number of blocks >= 0, got {value!r}") from None
+    if every < 0:
+        raise ValueError(f"--snapshot-every must be 'auto' or a number of blocks >= 0, got {every}")
+    return every
+
+
+def default_every(snapshot_bytes: int, block_bytes: int) -> int:
+    """The cost model's N (see the module docstring): snapshot traffic at most the committed latents'."""
+    return min(max(math.ceil(snapshot_bytes / max(block_bytes, 1)), AUTO_MIN), AUTO_MAX)
+
+
+@dataclass
+class _Progress:
+    every: int  # this session's N
+    covered: int  # next_block of the last snapshot taken here (or of the first block made here)
+    committed: int  # the session's blocks committed so far
+    commits: asyncio.Condition = field(default_factory=asyncio.Condition)
+    # (block index, pixel frames) of the last blocks made here: shipped with a snapshot (`block_frames`).
+    frames: collections.deque[tuple[int, int]] = field(default_factory=lambda: collections.deque(maxlen=FRAMES_KEPT))
+    taking: asyncio.Task[None] | None = None  # the snapshot being taken or shipped
+
+
+@dataclass
+class Restored:
+    """Where a restore starts replaying committed blocks: after the snapshot loaded (0, 0: none)."""
+
+    next_block: int = 0
+    next_frame: int = 0
+    # The events of the blocks before the snapshot that the scheduler has not announced (not replayed).
+    events: list[common_pb2.BlockEvent] = field(default_factory=list)
+
+
+class Snapshots:
+    """One worker's snapshots. `every`: None for the cost model's N, 0 for none; `supported`: whether
+    the engine's family takes snapshots (`Capabilities.snapshots`, and not a pod)."""
+
+    def __init__(
+        self, host: EngineHost, stub: kvcache_pb2_grpc.KVCacheServiceStub, worker_id: str, every: int | None,
+        supported: bool,
+    ) -> None:  # fmt: skip
+        self.host = host
+        self.stub = stub
+        self.worker_id = worker_id
+        self.every = every
+        self.supported = supported
+        self._progress: dict[str, _Progress] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.supported and self.every != 0
+
+    async def after_commit(self, session_id: str, video: Session, block: VideoBlock, paused: Pause) -> None:
+        """A block of the session is committed (a `BlockLanes.after_commit` hook): start a snapshot if
+        the session is due one. It is taken in the background at the session's next block boundary
+        and shipped once every block it covers is committed; the block's reply does not wait."""
+        if not self.enabled:
+            return
+        progress = self._progress.get(session_id)
+        if progress is None:
+            every = self.every or default_every(self._snapshot_bytes(video), block.latents.numel() * 4)
+            progress = self._progress[session_id] = _Progress(every, covered=block.index, committed=block.index)
+            log.info("session %s: a KV snapshot every %d blocks", session_id, every)
+        progress.frames.append((block.index, block.frames.shape[0]))
+        async with progress.commits:
+            progress.committed = block.index + 1
+            progress.commits.notify_all()
+        if block.index + 1 - progress.covered < progress.every:
+            return
+        if progress.taking is not None and not progress.taking.done():
+            return  # the previous one is still on its way: the next commit starts this one
+        progress.covered = block.index + 1
+        progress.taking = asyncio.create_task(self._take(session_id, video, progress, paused))
+
+    def _snapshot_bytes(self, video: Session) -> int:
+        usage = video.kv_usage()
+        return (usage.device_pages + usage.host_pages) * usage.page_bytes
+
+    async def _take(self, session_id: str, video: Session, progress: _Progress, paused: Pause) -> None:
+        """Copy the session's state between two of its blocks (on the engine thread: the stall), then
+        serialise it in another thread and ship it once the blocks it covers are committed. A lost
+        snapshot only lengthens a recovery."""
+        try:
+            async with paused():  # the session's next block waits for the copy, the other sessions' do not
+                began = time.perf_counter()
+                snapshot = await self.host.call(video.snapshot)
+                SNAPSHOT_STALL_SECONDS.observe(time.perf_counter() - began)
+            progress.covered = snapshot.next_block
+            state = await asyncio.to_thread(snapshot.encode)
+            async with progress.commits:  # blocks made before the pause may still be committing
+                await progress.commits.wait_for(lambda: progress.committed >= snapshot.next_block)
+            message = kvcache_pb2.KVSnapshot(
+                next_block=snapshot.next_block,
+                next_frame=snapshot.next_frame,
+                state=state,
+                worker_id=self.worker_id,
+                block_frames=_frames_before(progress.frames, snapshot.next_block),
+            )
+            await self.stub.PutSnapshot(
+                kvcache_pb2.PutSnapshotRequest(session_id=session_id, snapshot=message), timeout=SHIP_DEADLINE_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            log.warning("snapshot of %s not stored: %s", session_id, exc.code().name)
+            return
+        except Exception:  # e.g. the session closed meanwhile: no snapshot this time
+            if session_id in self._progress:
+                log.exception("snapshot of %s failed", session_id)
+            return
+        SNAPSHOT_BYTES.observe(len(state))
+        log.debug("snapshot of %s at block %d: %d bytes", session_id, snapshot.next_block, len(state))
+
+    async def _committed(self, session_id: str, block_index: int) -> bool:
+        """Whether block `block_index` of the session is committed (blocks commit in order)."""
+        call = self.stub.GetCommittedBlocks(
+            kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id, from_block=block_index),
+            timeout=SHIP_DEADLINE_S,
+        )
+        try:
+            page = await call.read()
+        except grpc.aio.AioRpcError:
+            return False
+        finally:
+            call.cancel()
+        return page is not grpc.aio.EOF and bool(page.blocks) and page.blocks[0].block_index == block_index
+
+    def forget(self, session_id: str) -> None:
+        """The session left this worker: a snapshot still waiting for commits is dropped."""
+        progress = self._progress.pop(session_id, None)
+        if progress is not None and progress.taking is not None:
+            progress.taking.cancel()
+
+    async def restore(self, video: Session, session_id: str, announced_blocks: int) -> Restored:
+        """Load the session's latest snapshot into the new `video`, if there is one it can use; where
+        the replay of committed blocks starts, and the events of the blocks before it that the
+        scheduler has not announced (`announced_blocks`). A snapshot is not used when the blocks it
+        covers are not all committed (a store that lost some), nor when it lacks the frame counts of
+        blocks the scheduler still needs announced: the replay from the first block makes those."""
+        if not self.supported:
+            return Restored()
+        try:
+            reply = await self.stub.GetSnapshot(
+                kvcache_pb2.GetSnapshotRequest(session_id=session_id), timeout=SHIP_DEADLINE_S
+            )
+            found = reply.snapshot if reply.found else None
+            unannounced = [] if found is None else await self._unannounced(session_id, found, announced_blocks)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("no snapshot of %s (%s): replaying from the first block", session_id, exc.code().name)
+            return Restored()
+        if found is None:
+            return Restored()
+        if unannounced is None:
+            log.info("session %s: its snapshot at block %d is past the blocks committed, or the scheduler needs "
+                     "blocks announced from %d: replaying from the first block", session_id, found.next_block,
+                     announced_blocks)  # fmt: skip
+            return Restored()
+        try:
+            snapshot = await asyncio.to_thread(SessionSnapshot.decode, found.state)
+            await self.host.call(video.load_snapshot, snapshot)
+        except SnapshotMismatch as exc:
+            log.warning("session %s: snapshot not used (%s): replaying from the first block", session_id, exc)
+            return Restored()
+        log.info("session %s: loaded its snapshot at block %d (%d bytes, taken by %s)", session_id,
+                 found.next_block, len(found.state), found.worker_id)  # fmt: skip
+        world = video.schema is not None
+        events = []
+        first_frame = found.next_frame - sum(found.block_frames[len(found.block_frames) - len(unannounced) :])
+        counts = found.block_frames[len(found.block_frames) - len(unannounced) :]
+        for block, count in zip(unannounced, counts, strict=True):
+            held = common_pb2.HeldAction(keys=block.action_keys, mouse=block.action_mouse) if world else None
+            events.append(block_event(self.worker_id, block.block_index, first_frame, count, block.prompt, held))
+            first_frame += count
+        return Restored(found.next_block, found.next_frame, events)
+
+    async def _unannounced(
+        self, session_id: str, found: kvcache_pb2.KVSnapshot, announced_blocks: int
+    ) -> list[CommittedBlock] | None:
+        """The committed blocks from `announced_blocks` up to the snapshot (none when the scheduler has
+        announced them all); None if the snapshot cannot be used: a block it covers is not committed,
+        or it lacks the frame counts of the unannounced ones."""
+        last = found.next_block - 1
+        first = min(announced_blocks, last)
+        if found.next_block - announced_blocks > len(found.block_frames):
+            return None
+        call = self.stub.GetCommittedBlocks(
+            kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id, from_block=first), timeout=SHIP_DEADLINE_S
+        )
+        blocks: list[CommittedBlock] = []
+        try:
+            async for page in call:
+                blocks += [CommittedBlock.from_proto(b) for b in page.blocks if b.block_index <= last]
+                if not page.blocks or page.blocks[-1].block_index >= last:
+                    break
+        finally:
+            call.cancel()
+        if [b.block_index for b in blocks] != list(range(first, last + 1)):
+            return None
+        return [b for b in blocks if b.block_index >= announced_blocks]
+
+
+def _frames_before(frames: collections.deque[tuple[int, int]], next_block: int) -> list[int]:
+    """The pixel frames of the blocks made here right before `next_block`, in a row, the last one last."""
+    counts: list[int] = []
+    expected = next_block - 1
+    for index, count in reversed(frames):
+        if index > expected:
+            continue
+        if index != expected:
+            break
+        counts.append(count)
+        expected -= 1
+    return counts[::-1]
