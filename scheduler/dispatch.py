@@ -254,18 +254,19 @@ class Dispatcher:
 
     def _may_send_ahead(self, record: SessionRecord, sent: _Sent, schedule: dict[int, common_pb2.PromptChange]) -> bool:
         """Whether the block after `sent` (in flight) may be sent now: the session plays smoothly (an
-        interactive one waits for each block, to answer actions as late as possible), nothing stops or
-        holds it, the block keeps the prompt and action of the one in flight (so that a re-run of that
-        one, after a failure, is made as before), and it is within the lookahead with the one in flight
-        counted as made."""
-        if record.valid.latency is LatencyMode.INTERACTIVE or record.first_block_at is None:
+        interactive one waits for each block, to answer actions as late as possible) and takes no
+        actions (a steered world applies an action at the block after the one in flight, whatever its
+        latency mode), nothing stops or holds it, the block keeps the prompt of the one in flight (so
+        that a re-run of that one, after a failure, is made as before), and it is within the lookahead
+        with the one in flight counted as made."""
+        if record.valid.latency is LatencyMode.INTERACTIVE or record.valid.actions is not None:
+            return False
+        if record.first_block_at is None:
             return False
         if record.cancel_requested or record.stop_requested or self.stopping or record.worker_leaving:
             return False
         block = sent.block + 1
         if record.paused_since is not None or record.pending_prompt is not None or block in schedule:
-            return False
-        if record.pending_action is not None:
             return False
         if record.valid.num_blocks and block >= record.valid.num_blocks:
             return False
