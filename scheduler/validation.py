@@ -5,6 +5,7 @@ Pure functions over protobuf messages, so they are fuzzed directly (tests/schedu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from inferix.api.v1 import common_pb2, scheduler_pb2
@@ -20,6 +21,8 @@ from inferix.spec.sizing import SessionShape
 MAX_BLOCKS = 100_000
 MAX_LOOKAHEAD = 64
 ALL_OUTPUTS = frozenset({"mp4", "rtmp", "webrtc"})
+# How a session records its decoder (`inferix.spec.decoders.decoder_identity`).
+DECODER_ID = re.compile(r"vae|taehv:sha256:[0-9a-f]{16}")
 # Start images: PNG or JPEG, told apart by their signature (the worker decodes them).
 IMAGE_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff")
 
@@ -135,6 +138,11 @@ def validate_spec(
     if spec.latency not in common_pb2.LatencyMode.values():
         raise InvalidRequest(
             f"spec.latency: unknown latency mode {spec.latency}; use LATENCY_MODE_SMOOTH or LATENCY_MODE_INTERACTIVE"
+        )
+    if spec.decoder and not DECODER_ID.fullmatch(spec.decoder):
+        raise InvalidRequest(
+            f"spec.decoder: {spec.decoder[:64]!r} is not 'vae' or 'taehv:sha256:<16 hex digits>' "
+            "(leave it empty: the session keeps the decoder of the worker that first hosts it)"
         )
     latency = LatencyMode.from_proto(spec.latency)
     if latency is LatencyMode.INTERACTIVE and spec.lookahead:

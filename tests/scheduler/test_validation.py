@@ -68,6 +68,12 @@ def test_window_models_allow_unbounded_sessions_global_ones_do_not() -> None:
         validate_spec(spec(num_blocks=342), PRESETS, 2)
 
 
+def test_a_recorded_decoder_is_kept() -> None:
+    recorded = "taehv:sha256:0123456789abcdef"
+    assert validate_spec(spec(decoder=recorded), PRESETS, 2).spec.decoder == recorded
+    assert validate_spec(spec(decoder="vae"), PRESETS, 2).spec.decoder == "vae"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -80,6 +86,7 @@ def test_window_models_allow_unbounded_sessions_global_ones_do_not() -> None:
         ({"prompts": [{"at_block": 0, "text": "a"}, {"at_block": 5, "text": "b"}]}, "block 5 is past the last"),
         ({"prompts": [{"at_block": 0, "text": "a\x00b"}]}, "NUL"),
         ({"outputs": {"rtmp": True}}, "spec.outputs"),
+        ({"decoder": "taehv:/w/taew2_1.pth"}, "spec.decoder: .*'taehv:sha256:<16 hex digits>'"),
     ],
 )
 def test_each_invalid_field_is_named(kwargs: dict[str, object], message: str) -> None:
