@@ -207,6 +207,8 @@ class Dispatcher:
                 continue
             # Pixel frames made: the last block's end (a Wan VAE's first block decodes to fewer frames).
             made = record.frames_made or record.next_block * frames_per_block
+            if record.valid.latency is LatencyMode.INTERACTIVE:
+                record.keep_up(fps, made, frames_per_block)
             ahead = made - record.playback_frame(fps)
             if record.valid.latency is LatencyMode.INTERACTIVE:  # dispatched to be done as it is due
                 limit = record.lead_frames(fps, frames_per_block)

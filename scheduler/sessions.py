@@ -340,6 +340,17 @@ class SessionRecord:
             return float(frames_per_block)
         return min(float(frames_per_block), statistics.median(self.generation_s) * fps)
 
+    def keep_up(self, fps: float, made: float, frames: float) -> None:
+        """Hold the playback clock at most `frames` ahead of the `made` frames. For an interactive
+        session: when generation falls behind, its viewer freezes (the streamer plays each block as it
+        comes) and the clock waits with it, so that once generation keeps up again its blocks go out at
+        the screen's pace instead of racing, back to back, to catch up a clock nobody watched."""
+        if self.first_block_at is None:
+            return
+        behind = self.playback_frame(fps) - made - frames
+        if behind > 0:
+            self.first_block_at += behind / fps
+
     def playback_frame(self, fps: float) -> float:
         """Pixel frames a real-time viewer has watched (the clock starts at the first block)."""
         if self.first_block_at is None:
