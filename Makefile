@@ -11,7 +11,7 @@ TOYWORLD_PLAY_OUT ?= engine/families/wan/weights/toyworld_play
 HADOLINT ?= $(shell $(PYTHON) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/hadolint
 
 .PHONY: install system-deps test test-fast lint bench demo verify-golden train-toyworld train-toyworld-play clean proto buf-lint deploy-tools docker-lint helm-lint \
-	gpu-check gpu-wheels
+	gpu-check gpu-wheels soak chaos
 
 install: system-deps
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
@@ -36,7 +36,7 @@ lint:
 	mypy inferix inferix_cli engine workers scheduler streamer kvcache_svc lvbench toyworld_lab
 	mypy bench/engine_speed.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py \
 		bench/streaming.py bench/service_deps.py bench/batching.py bench/magi.py bench/precision.py bench/quant.py \
-		bench/play_latency.py bench/capacity.py bench/drain.py bench/served.py
+		bench/play_latency.py bench/capacity.py bench/drain.py bench/served.py bench/recovery.py bench/longrun.py
 	mypy scripts/gpu_check.py
 	$(MAKE) --no-print-directory buf-lint docker-lint helm-lint
 
@@ -59,6 +59,7 @@ bench:
 	$(PYTHON) bench/capacity.py
 	$(PYTHON) bench/drain.py
 	$(PYTHON) bench/served.py
+	$(PYTHON) bench/recovery.py
 
 # Train the toyworld model from scratch on the CPU (seeded; ~50 min on 2 free cores).
 train-toyworld:
@@ -67,6 +68,18 @@ train-toyworld:
 # Fine-tune toyworld into toyworld-play (the arrow keys push the object) on the CPU (seeded; ~46 min on one thread).
 train-toyworld-play:
 	$(PYTHON) -m toyworld_lab.train_play --out $(TOYWORLD_PLAY_OUT)
+
+# Issue 41's long runs through `inferix serve` with Redis (not part of `make test`; a short version of each
+# is, tests/mesh/test_longrun.py): one session of SOAK_MINUTES minutes of video with a worker and a scheduler
+# SIGKILLed; 6 sessions while random services and Redis are killed for CHAOS_MINUTES (CHAOS_SEED).
+SOAK_MINUTES ?= 60
+CHAOS_MINUTES ?= 10
+CHAOS_SEED ?= 1
+soak:
+	$(PYTHON) bench/longrun.py soak --minutes $(SOAK_MINUTES)
+
+chaos:
+	$(PYTHON) bench/longrun.py chaos --minutes $(CHAOS_MINUTES) --seed $(CHAOS_SEED)
 
 verify-golden:
 	inferix verify-golden tests/golden

@@ -138,8 +138,9 @@ def parse_args() -> argparse.Namespace:
         default=env("INFERIX_SNAPSHOT_EVERY", "auto"),
         metavar="N|auto",
         help="ship an exact KV snapshot of each session to kvcache_svc every N blocks, so that a worker taking "
-        "over replays at most N blocks: auto (default) picks N from the snapshot's bytes against a block's "
-        "latents (see docs/services/workers.md), 0 turns snapshots off (recovery replays every committed "
+        "over replays at most N blocks: auto (default) picks N per session from a snapshot's measured cost "
+        "against the block time, at most 1%% of the worker's time (see docs/mesh.md, Recovery), 0 turns "
+        "snapshots off (recovery replays every committed "
         "block); Wan-family models on one device; env INFERIX_SNAPSHOT_EVERY",
     )
     add_parallel_arguments(parser)

@@ -137,7 +137,16 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except KVCapacityError as exc:  # e.g. a window longer than this worker's whole pool
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        events = await self._restore(video, request.session_id, request.announced_blocks)
+        try:
+            events = await self._restore(video, request.session_id, request.announced_blocks)
+        except BaseException as exc:
+            # Nothing half-open stays behind (the pool's page table included): the next OpenSession starts over.
+            await self.host.call(video.close)
+            if isinstance(exc, grpc.aio.AioRpcError):  # kvcache_svc or its store away: the scheduler tries again
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, f"session {request.session_id!r} not restored: {exc.details()}"
+                )
+            raise
         streamer = self.publisher.streamer(request.streamer_address)
         session = WorkerSession(request.session_id, video, streamer, self.model.fps, events=events)
         self.sessions[request.session_id] = session

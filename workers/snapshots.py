@@ -15,16 +15,20 @@ not; `inferix_worker_snapshot_stall_seconds`), serialises the copy in another th
 once every block it covers is committed. The block's reply never waits for any of it. While one
 snapshot of a session is on its way, the next is started by the first commit after it has gone.
 
-The cost model behind the default N (`--snapshot-every auto`). A snapshot costs S bytes (the
-session's window and sink pages plus a few latents); each block commits B bytes of latents anyway.
-Snapshotting every N blocks adds S / N bytes per block to the store's traffic, and a recovery
-replays at most N blocks (one context pass each, r seconds: about a quarter of a block's time for
-a 3-step model) after loading S bytes. `auto` takes the smallest N whose added traffic is at most
-the committed latents' own, N = ceil(S / B): snapshots at most double what the store absorbs,
-clamped to [AUTO_MIN, AUTO_MAX] so that the replay after a snapshot stays short (at most
-AUTO_MAX * r). Toyworld at 64x64: S = 400 KB, B = 6 KB, so N = 64 and a recovery replays at most
-64 blocks (about 1 s on one CPU thread). Wan 1.3B at 480x832 in bf16: S ~ 6 GB for a 21-frame window
-against B = 1.2 MB, so N = AUTO_MAX.
+The cost model behind the default N (`--snapshot-every auto`). A snapshot costs the worker c seconds
+of CPU (the copy, the session's stall, plus the serialisation aside) and the store S bytes; a block
+takes b seconds; a recovery replays at most N blocks, one context pass of r seconds each, after
+loading the snapshot. Snapshots every N blocks cost c / N per block and bound the replay to N * r.
+`auto` spends at most SHARE (1%) of the worker's time on snapshots and, within that, replays as
+little as possible: N = ceil(c / (SHARE * b)), clamped to [AUTO_MIN, AUTO_MAX] (the floor keeps the
+store's traffic, S / N bytes per block, within a few times the committed latents' for small models;
+the cap bounds the replay of models whose snapshots are huge). c and b are measured: a session
+starts at N = AUTO_MIN, and each snapshot re-sets N from the median cost of the session's last
+COSTS_KEPT snapshots and its mean block time. Toyworld at 64x64 on one CPU thread: c = 2-12 ms,
+b = 60 ms, so N = AUTO_MIN = 8 to 20, S = 400 KB (20-50 KB per block, against 6 KB of latents),
+and a recovery replays at most N blocks (10 ms each: 0.1-0.2 s).
+Wan 1.3B at 480x832 in bf16: S is gigabytes (c in seconds) against a block of about a second on a
+GPU, so N = AUTO_MAX.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import asyncio
 import collections
 import logging
 import math
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -49,7 +54,9 @@ from workers.engine_host import EngineHost
 log = logging.getLogger("inferix.worker.snapshots")
 AUTO = "auto"
 AUTO_MIN, AUTO_MAX = 8, 256
+SHARE = 0.01  # of the worker's time spent on snapshots at most, under `auto`
 SHIP_DEADLINE_S = 60.0
+COSTS_KEPT = 9  # snapshot costs the auto N is taken from (their median)
 FRAMES_KEPT = 64  # frame counts of the last blocks shipped with a snapshot: more than a scheduler lags behind
 SNAPSHOT_STALL_SECONDS = Histogram(
     "inferix_worker_snapshot_stall_seconds",
@@ -76,9 +83,9 @@ def parse_every(value: str) -> int | None:
     return every
 
 
-def default_every(snapshot_bytes: int, block_bytes: int) -> int:
-    """The cost model's N (see the module docstring): snapshot traffic at most the committed latents'."""
-    return min(max(math.ceil(snapshot_bytes / max(block_bytes, 1)), AUTO_MIN), AUTO_MAX)
+def default_every(snapshot_s: float, block_s: float) -> int:
+    """The cost model's N (see the module docstring): at most SHARE of the worker's time on snapshots."""
+    return min(max(math.ceil(snapshot_s / (SHARE * max(block_s, 1e-6))), AUTO_MIN), AUTO_MAX)
 
 
 @dataclass
@@ -89,6 +96,8 @@ class _Progress:
     commits: asyncio.Condition = field(default_factory=asyncio.Condition)
     # (block index, pixel frames) of the last blocks made here: shipped with a snapshot (`block_frames`).
     frames: collections.deque[tuple[int, int]] = field(default_factory=lambda: collections.deque(maxlen=FRAMES_KEPT))
+    block_s: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=FRAMES_KEPT))
+    costs: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=COSTS_KEPT))
     taking: asyncio.Task[None] | None = None  # the snapshot being taken or shipped
 
 
@@ -129,10 +138,10 @@ class Snapshots:
             return
         progress = self._progress.get(session_id)
         if progress is None:
-            every = self.every or default_every(self._snapshot_bytes(video), block.latents.numel() * 4)
+            every = self.every or AUTO_MIN  # auto: re-set from each snapshot's measured cost
             progress = self._progress[session_id] = _Progress(every, covered=block.index, committed=block.index)
-            log.info("session %s: a KV snapshot every %d blocks", session_id, every)
         progress.frames.append((block.index, block.frames.shape[0]))
+        progress.block_s.append(block.total_s)
         async with progress.commits:
             progress.committed = block.index + 1
             progress.commits.notify_all()
@@ -143,10 +152,6 @@ class Snapshots:
         progress.covered = block.index + 1
         progress.taking = asyncio.create_task(self._take(session_id, video, progress, paused))
 
-    def _snapshot_bytes(self, video: Session) -> int:
-        usage = video.kv_usage()
-        return (usage.device_pages + usage.host_pages) * usage.page_bytes
-
     async def _take(self, session_id: str, video: Session, progress: _Progress, paused: Pause) -> None:
         """Copy the session's state between two of its blocks (on the engine thread: the stall), then
         serialise it in another thread and ship it once the blocks it covers are committed. A lost
@@ -155,9 +160,19 @@ class Snapshots:
             async with paused():  # the session's next block waits for the copy, the other sessions' do not
                 began = time.perf_counter()
                 snapshot = await self.host.call(video.snapshot)
-                SNAPSHOT_STALL_SECONDS.observe(time.perf_counter() - began)
+                stall = time.perf_counter() - began
+                SNAPSHOT_STALL_SECONDS.observe(stall)
             progress.covered = snapshot.next_block
+            began = time.perf_counter()
             state = await asyncio.to_thread(snapshot.encode)
+            if self.every is None:  # the median of the last costs: one slow copy (a busy CPU) does not swing N
+                progress.costs.append(stall + time.perf_counter() - began)
+                cost = statistics.median(progress.costs)
+                every = default_every(cost, statistics.fmean(progress.block_s))
+                if every != progress.every:
+                    log.debug("session %s: a KV snapshot every %d blocks (one costs %.1f ms)", session_id, every,
+                              cost * 1e3)  # fmt: skip
+                progress.every = every
             async with progress.commits:  # blocks made before the pause may still be committing
                 await progress.commits.wait_for(lambda: progress.committed >= snapshot.next_block)
             message = kvcache_pb2.KVSnapshot(

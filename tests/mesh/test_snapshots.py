@@ -8,7 +8,6 @@ The mesh keeps its state in a real redis-server (`--redis-url`); the workers sna
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 from tests.store.redis_server import RedisServer
 
 EVERY = 4
-BLOCKS = 16
+BLOCKS = 24
 
 
 def snapshot_at(mesh: Mesh, session_id: str) -> int:
@@ -57,16 +56,18 @@ def test_a_session_continues_from_its_snapshot_on_another_worker_bit_for_bit(sna
         killed = ""
         for event in client.events(info.session_id):
             events.append(event)
-            if isinstance(event, BlockDone) and event.block_index >= 2 * EVERY and not killed:
-                deadline = time.monotonic() + 30
-                while snapshot_at(snapshot_mesh, info.session_id) < EVERY and time.monotonic() < deadline:
-                    time.sleep(0.05)
+            # Killed at the first block after a snapshot is stored (taken after block EVERY - 1 or a little
+            # later), well before the session's last block: its successor has blocks left to make.
+            due = isinstance(event, BlockDone) and event.block_index >= EVERY and not killed
+            if due and snapshot_at(snapshot_mesh, info.session_id) >= EVERY:
+                assert isinstance(event, BlockDone)
                 victim = next(w for w in snapshot_mesh.workers if w.name == event.worker_id)
                 assert victim.kill() == -9, victim.log_tail()
                 killed = victim.name
         final = client.get_session(info.session_id)
     blocks = [e for e in events if isinstance(e, BlockDone)]
     assert [b.block_index for b in blocks] == list(range(BLOCKS))  # every block once, in order
+    assert killed and blocks[-1].worker_id != killed
     assert [e.state for e in events if isinstance(e, StateChanged)][-1] == "completed"
     assert final.state == "completed" and final.blocks_done == BLOCKS
     successor = next(w for w in snapshot_mesh.workers if w.name != killed)
