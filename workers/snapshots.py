@@ -28,7 +28,8 @@ COSTS_KEPT snapshots and its mean block time. Toyworld at 64x64 on one CPU threa
 b = 60 ms, so N = AUTO_MIN = 8 to 20, S = 400 KB (20-50 KB per block, against 6 KB of latents),
 and a recovery replays at most N blocks (10 ms each: 0.1-0.2 s).
 Wan 1.3B at 480x832 in bf16: S is gigabytes (c in seconds) against a block of about a second on a
-GPU, so N = AUTO_MAX.
+GPU, so N = AUTO_MAX; such a snapshot is over the 64 MiB a message carries, so it is not stored
+(logged) and recovery replays from the first block until snapshots ship in pieces.
 """
 
 from __future__ import annotations
