@@ -4,7 +4,8 @@ soak  (`make soak`, SOAK_MINUTES, default 60): one toyworld session of that many
       paced in real time as a watched session is, watched over the SDK's event stream and recorded
       by the streamer; the worker making it is SIGKILLed at half time and the scheduler at three
       quarters (`inferix serve` restarts both).
-chaos (`make chaos`, CHAOS_MINUTES, default 10): 6 sessions (unpaced, `--blocks` each) while a
+chaos (`make chaos`, CHAOS_MINUTES, default 10): 6 sessions of that many minutes of video each (paced
+      in real time as far as two workers keep up; `--blocks` to set their length) while a
       random process of the mesh (a worker, the scheduler, kvcache_svc, the streamer, Redis) gets
       SIGKILL or SIGTERM every 10-20 s (seeded, every kill logged); `inferix serve` restarts its
       services, this script restarts Redis (append-only file, fsync always: nothing acknowledged is
@@ -371,7 +372,7 @@ def chaos(minutes: float, blocks: int, seed: int, interval: tuple[float, float],
     try:
         with Client(serve.address, timeout=120) as client:
             for i, prompt in enumerate(PROMPTS):
-                info = client.create_session(prompt, num_blocks=blocks, seed=seed * 100 + i, lookahead=blocks)
+                info = client.create_session(prompt, num_blocks=blocks, seed=seed * 100 + i)
                 watches.append(Watch(info.session_id))
         threads = [threading.Thread(target=watch, args=(serve.address, w), daemon=True) for w in watches]
         for thread in threads:
@@ -424,7 +425,7 @@ def main() -> None:
     parser.add_argument("run", choices=("soak", "chaos"))
     parser.add_argument("--minutes", type=float, help="soak: minutes of video (default 60); chaos: minutes of kills "
                         "(default 10)")  # fmt: skip
-    parser.add_argument("--blocks", type=int, help="chaos: blocks per session (default 40 per minute)")
+    parser.add_argument("--blocks", type=int, help="chaos: blocks per session (default: --minutes of video)")
     parser.add_argument("--seed", type=int, default=1, help="chaos: the seed of the kills and the sessions")
     parser.add_argument("--interval", default="10,20", metavar="MIN,MAX",
                         help="chaos: seconds between two kills, drawn uniformly (default 10,20)")  # fmt: skip
@@ -441,7 +442,8 @@ def main() -> None:
         else:
             minutes = args.minutes or 10.0
             low, high = (float(x) for x in args.interval.split(","))
-            report = chaos(minutes, args.blocks or max(8, round(40 * minutes)), args.seed, (low, high), workdir)
+            blocks = args.blocks or max(8, round(minutes * 60 * FPS / FRAMES_PER_BLOCK))
+            report = chaos(minutes, blocks, args.seed, (low, high), workdir)
     print(json.dumps(report, indent=1))
     sys.exit(0 if report["ok"] else 1)
 

@@ -43,6 +43,6 @@ def test_a_short_soak_survives_a_worker_and_a_scheduler_sigkill(tmp_path: Path) 
 
 
 def test_a_short_chaos_run_loses_and_repeats_nothing(tmp_path: Path) -> None:
-    report = run(tmp_path, "chaos", "--minutes", "1", "--blocks", "60", "--interval", "3,6", "--seed", "3")
+    report = run(tmp_path, "chaos", "--minutes", "1", "--blocks", "90", "--interval", "3,6", "--seed", "3")
     assert len(report["kills"]) >= 2
     assert len(report["sessions"]) == 6
