@@ -3,10 +3,10 @@
 Both caches run through the same block loop and the same DiT in one process, interleaved, so the
 ratio is measured side by side. Random weights; no checkpoint needed.
 
-    python bench/engine.py                                  # mid-size CPU config
-    python bench/engine.py --context-passes cache-only,whole   # context passes stopping at the last K/V vs whole
-    python bench/engine.py --device cuda --preset wan2.1-1.3b --dtype bf16   # real 480x832 shapes
-    python bench/engine.py --device cuda --preset magi1-4.5b-distill --dtype bf16   # MAGI-1: bench/magi.py
+    python bench/engine_speed.py                                  # mid-size CPU config
+    python bench/engine_speed.py --context-passes cache-only,whole   # context passes stopping at the last K/V vs whole
+    python bench/engine_speed.py --device cuda --preset wan2.1-1.3b --dtype bf16   # real 480x832 shapes
+    python bench/engine_speed.py --device cuda --preset magi1-4.5b-distill --dtype bf16   # MAGI-1: bench/magi.py
 """
 
 from __future__ import annotations
