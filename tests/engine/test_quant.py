@@ -222,7 +222,7 @@ def test_bad_quant_values_get_one_line_errors(tmp_path: Path, monkeypatch: pytes
         [
             sys.executable,
             "-m",
-            "inferix",
+            "inferix_cli",
             "generate",
             "--prompt",
             "a",
