@@ -511,7 +511,11 @@ class Profiler:
     def _close_region(self, region: _OpenRegion, token: Token[_OpenRegion | None], exc: BaseException | None) -> None:
         assert self._clock is not None
         end = self._clock.stamp()
-        _current_region.reset(token)
+        # Closed in another context than it opened in (a worker's block scope opens when the block is
+        # admitted and closes in the batch pump's callback): reset refuses, and that context's own
+        # current region is left as it is.
+        with contextlib.suppress(ValueError):
+            _current_region.reset(token)
         self._submit(_PendingRegion(region, end, None if exc is None else _describe(exc)))
 
     def _forget_block_start(self, block_index: int) -> None:

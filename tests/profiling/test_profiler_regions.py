@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import sys
 import threading
 import timeit
@@ -216,3 +217,19 @@ def test_one_session_per_profiler_and_one_running_profiler_per_process(
         first.start()
     with second.session():
         assert get_profiler() is second
+
+
+def test_a_block_scope_closed_in_another_context_is_recorded(make_profiler: Callable[..., Profiler]) -> None:
+    # The worker opens a block's scope when the block is admitted and closes it in the batch pump's
+    # callback, another context: closing it there must record the block, not raise (it hung the block).
+    profiler = make_profiler()
+    with profiler.session():
+        scope = profiler.block(0, session="s")
+        contextvars.copy_context().run(scope.__enter__)
+        scope.pixel_frames = 3
+        contextvars.copy_context().run(scope.__exit__, None, None, None)
+        with profile("after"):
+            pass
+    report = profiler.report()
+    assert report.summary.blocks == 1
+    assert {r.name for r in report.regions} >= {"block", "after"}
