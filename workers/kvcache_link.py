@@ -62,12 +62,12 @@ class KVCacheLink:
 
         await while_away(f"commit of {session_id} block {block.index}: kvcache_svc", attempt)
 
-    async def committed_chunks(
+    async def committed_groups(
         self, session_id: str, before_block: int | None = None, from_block: int = 0
     ) -> AsyncIterator[list[CommittedBlock]]:
-        """The session's committed blocks in order (from `from_block`), a page (one stream message) at a
-        time, each page its own call: a replay that takes long between pages never runs into a stream
-        deadline."""
+        """The session's committed blocks in order (from `from_block`), in groups: a page (one stream
+        message) at a time, each page its own call, so a replay that takes long between pages never runs
+        into a stream deadline."""
         while before_block is None or from_block < before_block:
             call = self.stub.GetCommittedBlocks(
                 kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id, from_block=from_block),
@@ -77,13 +77,13 @@ class KVCacheLink:
             call.cancel()
             if page is grpc.aio.EOF or not page.blocks:
                 return
-            chunk = [
+            group = [
                 CommittedBlock.from_proto(b)
                 for b in page.blocks
                 if before_block is None or b.block_index < before_block
             ]
-            if chunk:
-                yield chunk
+            if group:
+                yield group
             from_block = page.blocks[-1].block_index + 1
 
     async def register_and_heartbeat(

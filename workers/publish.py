@@ -109,8 +109,8 @@ class FramePublisher:
         began = time.perf_counter()
         state = video.new_redecode_state()
         blocks = first = 0
-        async for chunk in self.kvcache.committed_chunks(session_id, before_block):
-            for block in chunk:  # one block's frames in memory at a time
+        async for group in self.kvcache.committed_groups(session_id, before_block):
+            for block in group:  # one block's frames in memory at a time
                 rgb = await self.host.call(video.redecode, block, state)
                 await self._push(streamer, session_id, fps, block.block_index, first, rgb, backfill=True)
                 first += rgb.shape[0]

@@ -172,10 +172,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         events += start.events
         first_frame = start.next_frame
         world = video.schema is not None
-        async for chunk in self.kvcache.committed_chunks(session_id, from_block=start.next_block):
+        async for group in self.kvcache.committed_groups(session_id, from_block=start.next_block):
             from_start = not start.next_block and not events
-            frames = await self.host.call(functools.partial(video.restore, chunk, from_start=from_start))
-            for block, count in zip(chunk, frames, strict=True):
+            frames = await self.host.call(functools.partial(video.restore, group, from_start=from_start))
+            for block, count in zip(group, frames, strict=True):
                 held = common_pb2.HeldAction(keys=block.action_keys, mouse=block.action_mouse) if world else None
                 events.append(
                     block_event(self.config.worker_id, block.block_index, first_frame, count, block.prompt, held)
