@@ -2,7 +2,7 @@
 the first-image conditioning's latents (TAEHV's encoder vs the VAE's) and the video (TAEHV's decode vs
 the VAE's) of the same latents, side by side in one run.
 
-    PYTHONPATH=. python -P bench/matrixgame_taehv.py
+    python bench/matrixgame_taehv.py
 
 Both sides have **random weights** (the golden case's tiny Wan VAE, dim 4; TAEHV the golden
 taew2_1_tiny file, full size), so the differences say how far two unrelated random networks are
