@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from engine.decoders.taehv import load_taehv
 from engine.families.matrixgame.conditioning import image_latents, taehv_image_latents
@@ -42,10 +41,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     case = MatrixGameCase(args.case)
-    golden = load_file(str(args.case / "conditioning.safetensors"))
-    image = load_file(str(args.case / "inputs.safetensors"))["image"][:, :, 0]  # [1, 3, H, W] in [-1, 1]
-    latents = load_file(str(args.case / "outputs.safetensors"))["latents"].transpose(1, 2)  # [1, F, 16, h, w]
-    video = load_file(str(args.case / "outputs.safetensors"))["video"]  # [1, T, 3, H, W] in [-1, 1]
+    golden, outputs = case.tensors("conditioning"), case.tensors("outputs")
+    image = case.tensors("inputs")["image"][:, :, 0]  # [1, 3, H, W] in [-1, 1]
+    latents = outputs["latents"].transpose(1, 2)  # [1, F, 16, h, w]
+    video = outputs["video"]  # [1, T, 3, H, W] in [-1, 1]
     frames = golden["img_cond"].shape[2]
     vae, taehv = case.vae(), load_taehv(args.taehv)
     with torch.no_grad():
