@@ -208,7 +208,9 @@ class AdaptiveClock(PacingClock):
     the due times, so the browser sees exactly the cadence it is sent.
     """
 
-    # (arrived, arrived - index / fps) of the frames of the last `jitter_window_s`: the arrival line.
+    # (arrived, arrived - index / fps) of the frames of the last `jitter_window_s` that no later frame of
+    # the window came as late as: offsets decrease along it, so the window's arrival line is the first.
+    # Kept so that the line is read in O(1) for every frame released (`catch_up`), not searched for.
     _arrivals: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
     _started_at: float = 0.0
     _first_due: float = 0.0
@@ -221,8 +223,10 @@ class AdaptiveClock(PacingClock):
         self._arrivals.clear()
 
     def observe(self, index: int, arrived: float) -> None:
-        arrivals = self._arrivals
-        arrivals.append((arrived, arrived - index / self.fps))
+        arrivals, offset = self._arrivals, arrived - index / self.fps
+        while arrivals and arrivals[-1][1] <= offset:
+            arrivals.pop()  # this frame is as late, and leaves the window after it
+        arrivals.append((arrived, offset))
         while arrivals[0][0] < arrived - self.config.jitter_window_s:
             arrivals.popleft()
 
@@ -235,8 +239,7 @@ class AdaptiveClock(PacingClock):
         """How much later than the window's latest arrival line frames are due: the buffer in use."""
         if self.anchor_time is None or not self._arrivals:
             return 0.0
-        line = max(offset for _, offset in self._arrivals)
-        return self.anchor_time - self.anchor_index / self.fps - line
+        return self.anchor_time - self.anchor_index / self.fps - self._arrivals[0][1]
 
     def catch_up(self) -> float:
         """Move the clock up to half a frame earlier while it is later than the window needs: a player
