@@ -47,10 +47,11 @@ from prometheus_client import Histogram
 
 from engine.contract import Session, VideoBlock
 from engine.snapshot import SessionSnapshot, SnapshotMismatch
-from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
+from inferix.api.v1 import common_pb2, kvcache_pb2
 from inferix.spec.blocks import CommittedBlock
 from workers.blocks import Pause, block_event
 from workers.engine_host import EngineHost
+from workers.kvcache_link import KVCacheLink
 
 log = logging.getLogger("inferix.worker.snapshots")
 AUTO = "auto"
@@ -117,11 +118,10 @@ class Snapshots:
     the engine's family takes snapshots (`Capabilities.snapshots`, and not a pod)."""
 
     def __init__(
-        self, host: EngineHost, stub: kvcache_pb2_grpc.KVCacheServiceStub, worker_id: str, every: int | None,
-        supported: bool,
-    ) -> None:  # fmt: skip
+        self, host: EngineHost, kvcache: KVCacheLink, worker_id: str, every: int | None, supported: bool
+    ) -> None:
         self.host = host
-        self.stub = stub
+        self.kvcache = kvcache
         self.worker_id = worker_id
         self.every = every
         self.supported = supported
@@ -183,7 +183,7 @@ class Snapshots:
                 worker_id=self.worker_id,
                 block_frames=_frames_before(progress.frames, snapshot.next_block),
             )
-            await self.stub.PutSnapshot(
+            await self.kvcache.stub.PutSnapshot(
                 kvcache_pb2.PutSnapshotRequest(session_id=session_id, snapshot=message), timeout=SHIP_DEADLINE_S
             )
         except grpc.aio.AioRpcError as exc:
@@ -195,20 +195,6 @@ class Snapshots:
             return
         SNAPSHOT_BYTES.observe(len(state))
         log.debug("snapshot of %s at block %d: %d bytes", session_id, snapshot.next_block, len(state))
-
-    async def _committed(self, session_id: str, block_index: int) -> bool:
-        """Whether block `block_index` of the session is committed (blocks commit in order)."""
-        call = self.stub.GetCommittedBlocks(
-            kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id, from_block=block_index),
-            timeout=SHIP_DEADLINE_S,
-        )
-        try:
-            page = await call.read()
-        except grpc.aio.AioRpcError:
-            return False
-        finally:
-            call.cancel()
-        return page is not grpc.aio.EOF and bool(page.blocks) and page.blocks[0].block_index == block_index
 
     def forget(self, session_id: str) -> None:
         """The session left this worker: a snapshot still waiting for commits is dropped."""
@@ -225,7 +211,7 @@ class Snapshots:
         if not self.supported:
             return Restored()
         try:
-            reply = await self.stub.GetSnapshot(
+            reply = await self.kvcache.stub.GetSnapshot(
                 kvcache_pb2.GetSnapshotRequest(session_id=session_id), timeout=SHIP_DEADLINE_S
             )
             found = reply.snapshot if reply.found else None
@@ -250,8 +236,8 @@ class Snapshots:
                  found.next_block, len(found.state), found.worker_id)  # fmt: skip
         world = video.schema is not None
         events = []
-        first_frame = found.next_frame - sum(found.block_frames[len(found.block_frames) - len(unannounced) :])
         counts = found.block_frames[len(found.block_frames) - len(unannounced) :]
+        first_frame = found.next_frame - sum(counts)
         for block, count in zip(unannounced, counts, strict=True):
             held = common_pb2.HeldAction(keys=block.action_keys, mouse=block.action_mouse) if world else None
             events.append(block_event(self.worker_id, block.block_index, first_frame, count, block.prompt, held))
@@ -268,17 +254,9 @@ class Snapshots:
         first = min(announced_blocks, last)
         if found.next_block - announced_blocks > len(found.block_frames):
             return None
-        call = self.stub.GetCommittedBlocks(
-            kvcache_pb2.GetCommittedBlocksRequest(session_id=session_id, from_block=first), timeout=SHIP_DEADLINE_S
-        )
         blocks: list[CommittedBlock] = []
-        try:
-            async for page in call:
-                blocks += [CommittedBlock.from_proto(b) for b in page.blocks if b.block_index <= last]
-                if not page.blocks or page.blocks[-1].block_index >= last:
-                    break
-        finally:
-            call.cancel()
+        async for group in self.kvcache.committed_groups(session_id, before_block=last + 1, from_block=first):
+            blocks += group
         if [b.block_index for b in blocks] != list(range(first, last + 1)):
             return None
         return [b for b in blocks if b.block_index >= announced_blocks]
