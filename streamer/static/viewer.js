@@ -19,7 +19,12 @@ const viewer = {
   play: null, // the play panel's state, for models that take actions
   // The session's latency mode (from the status API) and, per presented frame, how long it took from
   // its last packet received to its expected display time: the browser's own delay, as shown.
-  latency: null, displayDelayMs: null, displayDelays: [],
+  latency: null, displayDelays: [],
+  get displayDelayMs() { // the median, worked out when read (the stats panel, once a second), not per frame
+    if (this.displayDelays.length === 0) return null;
+    const sorted = [...this.displayDelays].sort((a, b) => a - b);
+    return sorted[Math.floor(sorted.length / 2)];
+  },
 };
 window.inferixViewer = viewer;
 
@@ -70,8 +75,6 @@ function measureDisplay(video) {
     if (meta.receiveTime !== undefined) { // WebRTC frames only
       viewer.displayDelays.push(meta.expectedDisplayTime - meta.receiveTime);
       if (viewer.displayDelays.length > DISPLAY_DELAYS_KEPT) viewer.displayDelays.shift();
-      const sorted = [...viewer.displayDelays].sort((a, b) => a - b);
-      viewer.displayDelayMs = sorted[Math.floor(sorted.length / 2)];
     }
     video.requestVideoFrameCallback(onFrame);
   };
