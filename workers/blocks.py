@@ -227,9 +227,7 @@ class BlockLanes:
                 held = request.held_action
                 video.hold(parse_held_action(video.schema, list(held.keys), list(held.mouse), "held_action"))
         except Exception as exc:  # noqa: BLE001 - the block's own failure: its RPC answers it
-            self._computing(session, None)
-            self._answer(session, ticket, exc)
-            self._feed(session)
+            self._not_started(session, ticket, exc)
             return
         if request.prompt and request.prompt != video.prompt_text:  # (an image model has none)
             asyncio.get_running_loop().create_task(self._prompt_then_submit(session, ticket), context=ticket.context)
@@ -240,9 +238,7 @@ class BlockLanes:
         try:
             await self.host.call(session.video.set_prompt, ticket.request.prompt, ticket.request.recache)
         except Exception as exc:  # noqa: BLE001 - the block's own failure: its RPC answers it
-            self._computing(session, None)
-            self._answer(session, ticket, exc)
-            self._feed(session)
+            self._not_started(session, ticket, exc)
             return
         self._submit(session, ticket)
 
@@ -256,9 +252,13 @@ class BlockLanes:
             self.pump.submit(session.video, lambda entry: self._computed(session, ticket, entry))
         except Exception as exc:  # noqa: BLE001 - e.g. a session past its last block
             ticket.scope.__exit__(type(exc), exc, None)
-            self._computing(session, None)
-            self._answer(session, ticket, exc)
-            self._feed(session)
+            self._not_started(session, ticket, exc)
+
+    def _not_started(self, session: WorkerSession, ticket: BlockTicket, exc: Exception) -> None:
+        """The block failed before its job joined the batcher: answer it, start the session's next one."""
+        self._computing(session, None)
+        self._answer(session, ticket, exc)
+        self._feed(session)
 
     def _computed(self, session: WorkerSession, ticket: BlockTicket, entry: BatchJob[object]) -> None:
         """On the event loop, between two steps: hand the block to its output, start the next."""
