@@ -310,6 +310,8 @@ class Dispatcher:
         sent.call.cancel()
         with contextlib.suppress(BaseException):
             await sent.call
+        if record.in_flight == sent.block:  # nothing is in flight now: commands apply from the next block
+            record.in_flight = None
         self.quotas.refund_block(record.owner)
 
     async def _finish(self, record: SessionRecord, sent: _Sent) -> None:
