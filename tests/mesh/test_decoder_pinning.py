@@ -11,45 +11,32 @@ from pathlib import Path
 
 import grpc
 import pytest
-from safetensors.torch import save_file
 
-from engine.decoders.taehv import TAEHVLayout, random_taehv_state
 from inferix.api.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
 from inferix.spec.decoders import DecoderChoice, decoder_identity
-from inferix_cli.mesh import Mesh, start_mesh
-from tests.mesh.conftest import KEY_A, generate_digest, kill_worker, mesh_config, stream_info
+from inferix_cli.mesh import Mesh
+from tests.mesh.conftest import KEY_A, generate_digest, kill_worker, stream_info
+from tests.mesh.taehv_mesh import MODEL, running_taehv_mesh, write_taehv_weights
 from tests.store.redis_server import RedisServer
 
 BLOCKS = 4
 SEED = 23
-MODEL = "tiny"  # Wan VAE latents: what taew2_1 decodes
 
 
 @pytest.fixture(scope="module")
 def taehv_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("taehv-pin") / "taew2_1.safetensors"
-    save_file(random_taehv_state(TAEHVLayout(), seed=8), str(path))
-    return path
+    return write_taehv_weights(tmp_path_factory.mktemp("taehv-pin"), seed=8)
 
 
 @pytest.fixture(scope="module")
 def one_worker_mesh(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, taehv_weights: Path
 ) -> Iterator[Mesh]:
-    redis_server.flush(db=7)
-    config = mesh_config(
-        tmp_path_factory.mktemp("decoder-pin-mesh"),
-        workers=1,
-        model=Path(MODEL),
-        decoder=f"taehv:{taehv_weights}",
-        redis_url=redis_server.url(db=7),
-        lookahead=64,
-    )
-    running = start_mesh(config)
-    yield running
-    running.stop()
+    workdir = tmp_path_factory.mktemp("decoder-pin-mesh")
+    with running_taehv_mesh(workdir, redis_server, taehv_weights, workers=1, db=7) as running:
+        yield running
 
 
 def _add_worker(mesh: Mesh, name: str, decoder: str) -> str:

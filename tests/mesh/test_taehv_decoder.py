@@ -8,43 +8,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from safetensors.torch import save_file
 
-from engine.decoders.taehv import TAEHVLayout, random_taehv_state
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
-from inferix_cli.mesh import Mesh, start_mesh
-from tests.mesh.conftest import KEY_A, generate_digest, kill_worker, mesh_config, replace_worker, stream_info
+from inferix_cli.mesh import Mesh
+from tests.mesh.conftest import KEY_A, generate_digest, kill_worker, replace_worker, stream_info
+from tests.mesh.taehv_mesh import MODEL, running_taehv_mesh, write_taehv_weights
 from tests.store.redis_server import RedisServer
 
 BLOCKS = 4
 SEED = 21
-MODEL = "tiny"  # Wan VAE latents (16 channels, 8x space, 4x time): what taew2_1 decodes; toyworld's are not
 
 
 @pytest.fixture(scope="module")
 def taehv_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # TAEHV's widths are fixed: these are full-size random weights in the released layout.
-    path = tmp_path_factory.mktemp("taehv") / "taew2_1.safetensors"
-    save_file(random_taehv_state(TAEHVLayout(), seed=5), str(path))
-    return path
+    return write_taehv_weights(tmp_path_factory.mktemp("taehv"), seed=5)
 
 
 @pytest.fixture(scope="module")
 def taehv_mesh(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, taehv_weights: Path
 ) -> Iterator[Mesh]:
-    redis_server.flush(db=5)
-    config = mesh_config(
-        tmp_path_factory.mktemp("taehv-mesh"),
-        workers=2,
-        model=Path(MODEL),
-        decoder=f"taehv:{taehv_weights}",
-        redis_url=redis_server.url(db=5),
-        lookahead=64,
-    )
-    running = start_mesh(config)
-    yield running
-    running.stop()
+    workdir = tmp_path_factory.mktemp("taehv-mesh")
+    with running_taehv_mesh(workdir, redis_server, taehv_weights, workers=2, db=5) as running:
+        yield running
 
 
 def test_a_killed_workers_session_decodes_with_taehv_as_generate_does(taehv_mesh: Mesh, taehv_weights: Path) -> None:
