@@ -1,7 +1,8 @@
 """The part every family's session has alike: iteration, the context manager, the KV cache's host
-tier, and the inputs it refuses (text for an image-to-world model, actions for a text model), written
-once. A family's session says where its KV cache is (`kv_cache`) and how to make and close its blocks
-(`next_block`, `finished`, `close`), and overrides what it takes (`set_prompt`, `hold`, `schema`)."""
+tier, where it is (id, next block, finished: its loop's), and the inputs it refuses (text for an
+image-to-world model, actions for a text model), written once. A family's session holds its block loop
+(`loop`), says where its KV cache is (`kv_cache`) and how to make and close its blocks (`next_block`,
+`close`), and overrides what it takes (`set_prompt`, `hold`, `schema`)."""
 
 from __future__ import annotations
 
@@ -28,19 +29,42 @@ class HostTieredCache(Protocol):
     def usage(self) -> SessionUsage: ...
 
 
+class BlockLoop(Protocol):
+    """What the tail reads of a family's block loop (`WanLoop`, `MagiLoop`, `MatrixGameLoop`, a pod's
+    `PodSession`)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def next_block_index(self) -> int: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
 class SessionTail(ABC, Generic[Block]):
     """Mixed into each family's session class."""
 
     # What a player sends the session's model (toyworld-play, Matrix-Game); None: it takes no actions.
     schema: ActionSchema | None = None
+    loop: BlockLoop
 
     @property
     @abstractmethod
     def kv_cache(self) -> HostTieredCache: ...
 
     @property
-    @abstractmethod
-    def finished(self) -> bool: ...
+    def session_id(self) -> str:
+        return self.loop.session_id
+
+    @property
+    def next_block_index(self) -> int:
+        return self.loop.next_block_index
+
+    @property
+    def finished(self) -> bool:
+        return self.loop.finished
 
     @abstractmethod
     def next_block(self) -> Block: ...

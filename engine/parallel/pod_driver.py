@@ -64,7 +64,7 @@ class Replay:
 
     session_id: str
     blocks: list[ReplayBlock]
-    next_block: int | None = None
+    next_block_index: int | None = None
     from_start: bool = True  # False: a later chunk of a replay in chunks
 
 
@@ -134,7 +134,7 @@ def _to_cpu(command: Command) -> Command:
         blocks = [
             dataclasses.replace(b, latents=b.latents.cpu(), prompt_embeds=b.prompt_embeds.cpu()) for b in command.blocks
         ]
-        return Replay(command.session_id, blocks, command.next_block, command.from_start)
+        return Replay(command.session_id, blocks, command.next_block_index, command.from_start)
     return command
 
 
@@ -168,7 +168,7 @@ class PodEngine:
                 dataclasses.replace(b, latents=b.latents.to(device), prompt_embeds=b.prompt_embeds.to(device))
                 for b in command.blocks
             ]
-            self._session(command.session_id).replay(blocks, command.next_block, from_start=command.from_start)
+            self._session(command.session_id).replay(blocks, command.next_block_index, from_start=command.from_start)
         elif isinstance(command, CloseSession):
             self._session(command.session_id).close()
             del self.sessions[command.session_id]
@@ -234,10 +234,10 @@ class PodDriver:
         return block
 
     def replay(
-        self, session_id: str, blocks: list[ReplayBlock], next_block: int | None = None, from_start: bool = True
+        self, session_id: str, blocks: list[ReplayBlock], next_block_index: int | None = None, from_start: bool = True
     ) -> None:
         """Rebuild the session's cache on every rank from committed blocks (e.g. after a crash)."""
-        self._run(Replay(session_id, blocks, next_block, from_start))
+        self._run(Replay(session_id, blocks, next_block_index, from_start))
 
     def close_session(self, session_id: str) -> None:
         self._run(CloseSession(session_id))
@@ -307,8 +307,8 @@ class PodSession:
         return self.local.session_id
 
     @property
-    def next_block(self) -> int:
-        return self.local.next_block
+    def next_block_index(self) -> int:
+        return self.local.next_block_index
 
     @property
     def finished(self) -> bool:
@@ -325,8 +325,10 @@ class PodSession:
     def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None:
         self.driver.set_prompt(self.session_id, prompt_embeds, recache)
 
-    def replay(self, blocks: Sequence[ReplayBlock], next_block: int | None = None, *, from_start: bool = True) -> None:
-        self.driver.replay(self.session_id, list(blocks), next_block, from_start)
+    def replay(
+        self, blocks: Sequence[ReplayBlock], next_block_index: int | None = None, *, from_start: bool = True
+    ) -> None:
+        self.driver.replay(self.session_id, list(blocks), next_block_index, from_start)
 
     def close(self) -> None:
         if not self.local.closed:

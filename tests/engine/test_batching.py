@@ -187,7 +187,7 @@ def test_a_session_without_kv_pages_fails_alone() -> None:
     assert torch.equal(jobs[0].value().latents, expected[2].latents)
     with pytest.raises(KVCapacityError, match="out of pages"):
         jobs[1].value()
-    assert late.cache.frames == [] and late.next_block == 0
+    assert late.cache.frames == [] and late.next_block_index == 0
 
 
 def test_toyworld_frames_batched_have_the_sha256_of_each_session_alone() -> None:

@@ -198,7 +198,7 @@ def test_the_engine_makes_every_pool_8bit() -> None:
     own = WanEngine.load("tiny", kv_dtype="fp8")  # no shared pool: each session's pool is its own
     with own.open("a prompt", num_blocks=1) as session:
         session.next_block()
-        assert isinstance(session.session, WanLoop) and session.session.pool.spec.kv_dtype == "fp8"
+        assert isinstance(session.loop, WanLoop) and session.loop.pool.spec.kv_dtype == "fp8"
     with pytest.raises(ValueError, match="pass pool or kv_dtype"):
         WanEngine.load("tiny", pool=shared.pool, kv_dtype="fp8")
 

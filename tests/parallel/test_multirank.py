@@ -234,7 +234,7 @@ def test_pod_runs_in_lockstep_and_only_rank_zero_decodes(tmp_path: Path) -> None
             prompts = (prompt(0), prompt(1))
             committed = [ReplayBlock(b.start_frame, b.latents, e) for b, e in zip(blocks[:2], prompts, strict=True)]
             driver.open_session("r", prompt(1), h, w, seed=7, num_blocks=3)
-            driver.replay("r", committed, next_block=2)
+            driver.replay("r", committed, next_block_index=2)
             regenerated.append(driver.generate_block("r"))
 
         run_pod(spec, serve, sink)

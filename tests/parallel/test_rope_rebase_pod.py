@@ -47,7 +47,7 @@ def session_run(pipe: WanPipeline, parallel: SequenceParallel | None = None) -> 
             for local in session.cache.layer_kv(layer):
                 out["kv"].append(local if parallel is None else parallel.gather_cache_kv(local, frames))
     with pipe.open_session(prompt(0), H, W, seed=7, num_blocks=BLOCKS, session_id="replayed") as replayed:
-        replayed.replay(committed[:9], next_block=9)
+        replayed.replay(committed[:9], next_block_index=9)
         out["replayed"].append(replayed.generate_block().latents)
     return out
 

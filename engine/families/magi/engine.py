@@ -27,7 +27,7 @@ from engine.contract import EngineBase, SessionRequest, VideoBlock
 from engine.families.magi.captions import caption_rows, valid_rows
 from engine.families.magi.clean_caption import clean_prompt
 from engine.families.magi.loader import MagiModel
-from engine.families.magi.pipeline import MagiPipeline, ReplayChunk, SeededChunkNoise
+from engine.families.magi.pipeline import MagiLoop, MagiPipeline, ReplayChunk, SeededChunkNoise
 from engine.families.wan.pipeline import DiTJob
 from engine.kv.pool import KVPool
 from engine.session_tail import HostTieredCache, SessionTail
@@ -76,7 +76,7 @@ class MagiSession(SessionTail[VideoBlock]):
         self._rows: dict[tuple[str, int], Tensor] = {}
         self.prompt_text = prompt
         self._set_from(0, prompt)
-        self.session = engine.pipeline.open_session(
+        self.loop: MagiLoop = engine.pipeline.open_session(
             height // 8, width // 8, self._caption, SeededChunkNoise(seed), num_blocks, session_id
         )
         self.next_frame = 0
@@ -122,35 +122,24 @@ class MagiSession(SessionTail[VideoBlock]):
 
     def set_prompt(self, text: str, recache: bool = False) -> None:
         """Switch prompt from the next chunk on (`recache` has no meaning here: MAGI-1 re-reads captions)."""
-        self._set_from(self.session.next_chunk, text)
+        self._set_from(self.loop.next_block_index, text)
         self.prompt_text = text
 
     # ---- the WanSession surface -------------------------------------------------------------
-    @property
-    def session_id(self) -> str:
-        return self.session.session_id
-
-    @property
-    def next_block_index(self) -> int:
-        return self.session.next_chunk
-
-    @property
-    def finished(self) -> bool:
-        return self.session.finished
 
     @torch.no_grad()
     def next_block(self) -> VideoBlock:
         if self._replay:
-            self.session.replay(self._replay)
+            self.loop.replay(self._replay)
             self._replay = []
-        out = self.session.generate_chunk()
+        out = self.loop.generate_chunk()
         began = time.perf_counter()
         with profile("vae_decode"):
             frames = self.model.vae.decode_chunk(out.latents)
         decode_s = time.perf_counter() - began
         first = self.next_frame
         self.next_frame += frames.shape[0]
-        cw = self.session.spec.chunk_width
+        cw = self.loop.spec.chunk_width
         return VideoBlock(
             index=out.index,
             start_frame=out.index * cw,
@@ -190,10 +179,10 @@ class MagiSession(SessionTail[VideoBlock]):
             frames.append(self.model.vae.config.pixel_frames(block.shape[0]))
             self._set_from(block.block_index, block.prompt)
             self.prompt_text = block.prompt
-        self._replay = self._replay[-(self.session.spec.lookback_chunks + 1) :]
+        self._replay = self._replay[-(self.loop.spec.lookback_chunks + 1) :]
         self.next_frame += sum(frames)
         if self._replay:
-            self.session.next_chunk = self._replay[-1].index + 1
+            self.loop.next_block_index = self._replay[-1].index + 1
         return frames
 
     def new_redecode_state(self) -> Any:
@@ -205,11 +194,11 @@ class MagiSession(SessionTail[VideoBlock]):
         return self.model.vae.decode_chunk(_latents_of(block.shape, block.latents))
 
     def close(self) -> None:
-        self.session.cache.pool.close_session(self.session.session_id)
+        self.loop.cache.pool.close_session(self.loop.session_id)
 
     @property
     def kv_cache(self) -> HostTieredCache:
-        return self.session.cache
+        return self.loop.cache
 
     @property
     def position_offset(self) -> int:

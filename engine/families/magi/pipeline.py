@@ -225,7 +225,7 @@ class MagiLoop:
         self.session_id = session_id
         self.ctn = spec.chunk_width * pipeline.tokens_per_frame(height, width)
         self.latents: dict[int, Tensor] = {}  # chunks in the window, and the one last emitted
-        self.next_chunk = 0
+        self.next_block_index = 0
         self.calls_made = 0
         self._calls = stage_calls(spec)
         self.observer: Callable[[CallRecord], None] | None = None
@@ -233,7 +233,7 @@ class MagiLoop:
 
     @property
     def finished(self) -> bool:
-        return self.spec.num_chunks is not None and self.next_chunk >= self.spec.num_chunks
+        return self.spec.num_chunks is not None and self.next_block_index >= self.spec.num_chunks
 
     @torch.no_grad()
     def generate_chunk(self) -> ChunkOutput:
@@ -247,7 +247,7 @@ class MagiLoop:
             if call.emits is not None:
                 break
         chunk = call.emits
-        self.next_chunk = chunk + 1
+        self.next_block_index = chunk + 1
         return ChunkOutput(chunk, self.latents[chunk], self._carry(chunk), time.perf_counter() - began)
 
     @torch.no_grad()
@@ -273,7 +273,7 @@ class MagiLoop:
             self._run(next(stage_calls(self.spec, first_stage=chunk.index + self.spec.window)), replaying=True)
         self._restore_window(chunks[-1])
         self._calls = stage_calls(self.spec, first_stage=last + self.spec.window)
-        self.next_chunk = last + 1
+        self.next_block_index = last + 1
 
     def _restore_window(self, chunk: ReplayChunk) -> None:
         cw = self.spec.chunk_width

@@ -158,28 +158,16 @@ class MatrixGameSession(SessionTail[VideoBlock]):
         )
         pixels = _pixels(fit_image(_read_image(image), width, height)).to(model.vae.conv1.weight.device)
         conditioning = condition_on_image(model.vae, model.clip, pixels, latent_frames, model.taehv_encoder)
-        self.world: MatrixGameLoop = engine.pipeline.open_session(
+        self.loop: MatrixGameLoop = engine.pipeline.open_session(
             conditioning, inputs, SeededNoise(seed), pool=engine.pool, session_id=session_id
         )
         self.next_frame = 0
         # Matrix-Game has no text conditioning; the mesh's block events carry this empty prompt.
         self.prompt_text = ""
 
-    @property
-    def session_id(self) -> str:
-        return self.world.cache.session_id
-
-    @property
-    def next_block_index(self) -> int:
-        return self.world.next_block
-
-    @property
-    def finished(self) -> bool:
-        return self.world.finished
-
     def hold_actions(self, keyboard: Tensor, mouse: Tensor | None = None) -> None:
         """Live control: keys [K] and mouse [axes] for the next block (see `MatrixGameLoop.hold_actions`)."""
-        self.world.hold_actions(keyboard, mouse)
+        self.loop.hold_actions(keyboard, mouse)
 
     def hold(self, action: HeldAction) -> None:
         """Hold a parsed action (`parse_held_action`) during the next block: the same raw rows as a
@@ -199,13 +187,15 @@ class MatrixGameSession(SessionTail[VideoBlock]):
         is replayed under the action it was made with -- its context pass rewrites every cache the
         block wrote, its decode advances the VAE's state -- so the next block is the one an
         uninterrupted session makes. Returns each block's pixel-frame count."""
-        world = self.world
-        if from_start and world.next_block:
+        world = self.loop
+        if from_start and world.next_block_index:
             raise RuntimeError("restore from the start needs a fresh session")
         frames = []
         for block in committed:
-            if block.block_index != world.next_block:
-                raise UserError(f"committed block {block.block_index}: the session's next block is {world.next_block}")
+            if block.block_index != world.next_block_index:
+                raise UserError(
+                    f"committed block {block.block_index}: the session's next block is {world.next_block_index}"
+                )
             self.hold(parse_held_action(self.schema, list(block.action_keys), list(block.action_mouse), "action"))
             frames.append(int(world.replay_block(committed_latents(block)).shape[1]))
         self.next_frame += sum(frames)
@@ -222,13 +212,13 @@ class MatrixGameSession(SessionTail[VideoBlock]):
 
     @property
     def kv_cache(self) -> HostTieredCache:
-        return self.world.cache
+        return self.loop.cache
 
     @torch.no_grad()
     def next_block(self) -> VideoBlock:
         """The next block; `denoise_s` covers the whole block, decode included (the sampler decodes it)."""
         began = time.perf_counter()
-        block = self.world.generate_block()
+        block = self.loop.generate_block()
         frames = to_uint8_frames(block.video)
         first = self.next_frame
         self.next_frame += frames.shape[0]
@@ -245,7 +235,7 @@ class MatrixGameSession(SessionTail[VideoBlock]):
         )
 
     def close(self) -> None:
-        self.world.close()
+        self.loop.close()
 
 
 class MatrixGameEngine(EngineBase):

@@ -136,12 +136,13 @@ class MatrixGameLoop:
             window_frames=block.local_attn_size,
             sink_frames=block.sink_size,
         )
+        self.session_id = session_id
         self.action_caches = new_action_caches(len(self.dit.action_layers), block.local_attn_size, block.sink_size)
         with torch.no_grad():
             self.context = self.dit.encode_context(conditioning.visual_context)
         # The VAE's or TAEHV's state, whichever `pipeline.decoder` is (each reads only its own).
         self.decode_state: Any = pipeline.decoder.new_decode_state()
-        self.next_block = 0
+        self.next_block_index = 0
 
     @property
     def num_blocks(self) -> int:
@@ -149,7 +150,7 @@ class MatrixGameLoop:
 
     @property
     def finished(self) -> bool:
-        return self.next_block >= self.num_blocks
+        return self.next_block_index >= self.num_blocks
 
     def hold_actions(self, keyboard: Tensor, mouse: Tensor | None = None) -> None:
         """Interactive control: keys [K] and mouse [axes] held during the next block. Like the
@@ -157,7 +158,7 @@ class MatrixGameLoop:
         `[final - n, final)` with `final = 1 + 4 (last latent frame)` and `n` = the block's pixel
         frames (1 + 4(nf - 1) for the first block, 4 nf after)."""
         ratio = self.dit.config.action.vae_time_compression_ratio
-        nf, start = self.frames_per_block, self.next_block * self.frames_per_block
+        nf, start = self.frames_per_block, self.next_block_index * self.frames_per_block
         final = 1 + ratio * (start + nf - 1)
         count = 1 + ratio * (nf - 1) if start == 0 else ratio * nf
         if final > self.actions.keyboard.shape[1]:
@@ -176,7 +177,7 @@ class MatrixGameLoop:
         if self.finished:
             raise RuntimeError(f"the session already produced its {self.num_blocks} blocks")
         pipeline = self.pipeline
-        nf, index = self.frames_per_block, self.next_block
+        nf, index = self.frames_per_block, self.next_block_index
         start = index * nf
         device = self.dit.patch_embedding.weight.device
         cond = self.conditioning.cond_concat[:, start : start + nf].to(device)
@@ -205,12 +206,12 @@ class MatrixGameLoop:
     def _commit(self, x0: Tensor) -> tuple[Tensor, Tensor]:
         """The end of the next block, from its clean latents: the context pass at t = context_noise
         (its flow) and the decode of the fp16-rounded latents (its video); the session moves on."""
-        nf, start = self.frames_per_block, self.next_block * self.frames_per_block
+        nf, start = self.frames_per_block, self.next_block_index * self.frames_per_block
         cond = self.conditioning.cond_concat[:, start : start + nf].to(x0.device)
         t = torch.full((1, nf), self.pipeline.config.sampling.context_noise, device=x0.device)
         context_flow = self._call(x0, cond, t.to(self.pipeline.timesteps.dtype), start)
         video = self.pipeline.decoder.decode_block(x0.half().to(x0.dtype), self.decode_state)
-        self.next_block += 1
+        self.next_block_index += 1
         return context_flow, video
 
     def _call(self, x: Tensor, cond: Tensor, t: Tensor, start: int) -> Tensor:

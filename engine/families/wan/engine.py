@@ -89,7 +89,7 @@ class BlockSession(Protocol):
     def session_id(self) -> str: ...
 
     @property
-    def next_block(self) -> int: ...
+    def next_block_index(self) -> int: ...
 
     @property
     def finished(self) -> bool: ...
@@ -106,7 +106,7 @@ class BlockSession(Protocol):
     def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None: ...
 
     def replay(
-        self, blocks: Sequence[ReplayBlock], next_block: int | None = None, *, from_start: bool = True
+        self, blocks: Sequence[ReplayBlock], next_block_index: int | None = None, *, from_start: bool = True
     ) -> None: ...
 
     def close(self) -> None: ...
@@ -159,26 +159,14 @@ class WanSession(SessionTail[VideoBlock]):
         self._held: HeldAction | None = None
         embeds = self._encode(prompt)
         # The block loop: in this process, or (rank 0 of a worker pod) on every rank of the pod.
-        self.session: BlockSession
+        self.loop: BlockSession
         if driver is None:
-            self.session = pipeline.open_session(embeds, *size, seed=seed, num_blocks=num_blocks, session_id=session_id)
+            self.loop = pipeline.open_session(embeds, *size, seed=seed, num_blocks=num_blocks, session_id=session_id)
         else:
-            self.session = PodSession(driver, session_id, embeds, *size, seed=seed, num_blocks=num_blocks)
+            self.loop = PodSession(driver, session_id, embeds, *size, seed=seed, num_blocks=num_blocks)
         self.decoder: BlockDecoder = model.decoder
         self.decode_state = self.decoder.new_decode_state()
         self.next_frame = 0
-
-    @property
-    def session_id(self) -> str:
-        return self.session.session_id
-
-    @property
-    def next_block_index(self) -> int:
-        return self.session.next_block
-
-    @property
-    def finished(self) -> bool:
-        return self.session.finished
 
     def _encode(self, text: str) -> Tensor:
         if not text.strip():
@@ -188,7 +176,7 @@ class WanSession(SessionTail[VideoBlock]):
 
     def set_prompt(self, text: str, recache: bool = False) -> None:
         """Switch prompt at the next block boundary."""
-        self.session.set_prompt(self._encode(text), recache=recache)
+        self.loop.set_prompt(self._encode(text), recache=recache)
         self.prompt_text = text
 
     @torch.no_grad()
@@ -198,8 +186,8 @@ class WanSession(SessionTail[VideoBlock]):
     def block_job(self) -> DiTJob[VideoBlock]:
         """`next_block` as a job: run alone, or batched with other sessions by a `BlockBatcher`."""
         if self.schema is not None:
-            self._loop().set_key_rows(self._block_key_rows(self.session.next_block))
-        block = yield from self.session.block_job()
+            self._loop().set_key_rows(self._block_key_rows(self.loop.next_block_index))
+        block = yield from self.loop.block_job()
         return self._decoded(block)
 
     def hold(self, action: HeldAction) -> None:
@@ -209,9 +197,9 @@ class WanSession(SessionTail[VideoBlock]):
         self._held = action
 
     def _loop(self) -> WanLoop:
-        if not isinstance(self.session, WanLoop):  # capabilities refuse both for pods before this
+        if not isinstance(self.loop, WanLoop):  # capabilities refuse both for pods before this
             raise UserError("actions and KV snapshots need a session in one process (not a sequence-parallel pod)")
-        return self.session
+        return self.loop
 
     def _block_key_rows(self, block: int) -> Tensor:
         """The keys held in each latent frame of `block` [nf, keys]: the held action, else the track's."""
@@ -272,8 +260,8 @@ class WanSession(SessionTail[VideoBlock]):
         if from_start:
             self.decode_state = self.decoder.new_decode_state()
             self.next_frame = 0
-        restored = (0 if from_start else self.session.next_block) + len(blocks)
-        self.session.replay(blocks, next_block=restored, from_start=from_start)
+        restored = (0 if from_start else self.loop.next_block_index) + len(blocks)
+        self.loop.replay(blocks, next_block_index=restored, from_start=from_start)
         frames = [self.decoder.decode_block(b.latents, self.decode_state).shape[1] for b in blocks]
         self.next_frame += sum(frames)
         if committed:
@@ -302,7 +290,7 @@ class WanSession(SessionTail[VideoBlock]):
             "prompt": self.prompt_text,
             "held": held,
         }
-        return SessionSnapshot(loop.next_block, self.next_frame, self._snapshot_identity(), state)
+        return SessionSnapshot(loop.next_block_index, self.next_frame, self._snapshot_identity(), state)
 
     @torch.no_grad()
     def load_snapshot(self, snapshot: SessionSnapshot) -> None:
@@ -337,16 +325,16 @@ class WanSession(SessionTail[VideoBlock]):
         return to_uint8_frames(self.decoder.decode_block(committed_latents(block), state))
 
     def close(self) -> None:
-        self.session.close()
+        self.loop.close()
 
     @property
     def kv_cache(self) -> SessionCache:
-        return self.session.cache
+        return self.loop.cache
 
     @property
     def position_offset(self) -> int:
         """How far the session has re-based its RoPE time positions (0 until its table's end)."""
-        return self.session.cache.position_offset
+        return self.loop.cache.position_offset
 
 
 def shared_pool(model: LoadedModel, kv_pages: int, kv_dtype: str = "auto") -> KVPool:

@@ -248,7 +248,7 @@ class WanLoop:
         # windows still read, and those of the next block (`set_key_rows`; None: no key held).
         self._key_rows: dict[int, Tensor] = {}
         self._next_key_rows: Tensor | None = None
-        self.next_block = 0
+        self.next_block_index = 0
         self.next_frame = 0
         self.closed = False
         if initial_latents is not None:
@@ -286,7 +286,7 @@ class WanLoop:
 
     @property
     def finished(self) -> bool:
-        return self.closed or (self.num_blocks is not None and self.next_block >= self.num_blocks)
+        return self.closed or (self.num_blocks is not None and self.next_block_index >= self.num_blocks)
 
     @torch.no_grad()
     def generate_block(self) -> BlockOutput:
@@ -297,14 +297,14 @@ class WanLoop:
         """`generate_block` as a job (see the module docstring); run it under `torch.no_grad()`."""
         if self.closed:
             raise RuntimeError(f"session {self.session_id} is closed")
-        if self.num_blocks is not None and self.next_block >= self.num_blocks:
+        if self.num_blocks is not None and self.next_block_index >= self.num_blocks:
             raise RuntimeError(f"session {self.session_id} already produced its {self.num_blocks} blocks")
         began = time.perf_counter()
         recached = yield from self._apply_pending_prompt()
         nf = self.block_config.num_frame_per_block
         shape = (1, nf, *self.latent_shape)
         device = self.pipeline.device
-        block, start = self.next_block, self.next_frame
+        block, start = self.next_block_index, self.next_frame
         self._hold_keys(start, nf, self._next_key_rows)
         self._next_key_rows = None
 
@@ -328,7 +328,7 @@ class WanLoop:
         self._sync()
         finished = time.perf_counter()
 
-        self.next_block += 1
+        self.next_block_index += 1
         self.next_frame += nf
         return BlockOutput(
             index=block,
@@ -340,7 +340,9 @@ class WanLoop:
         )
 
     @torch.no_grad()
-    def replay(self, blocks: Sequence[ReplayBlock], next_block: int | None = None, *, from_start: bool = True) -> None:
+    def replay(
+        self, blocks: Sequence[ReplayBlock], next_block_index: int | None = None, *, from_start: bool = True
+    ) -> None:
         """Rebuild the KV cache from committed blocks (in order) by context passes alone.
 
         Every committed block must be replayed from the first: a cached frame's K/V depend on
@@ -360,8 +362,8 @@ class WanLoop:
             self._hold_keys(committed.start_frame, committed.latents.shape[1], committed.key_rows)
             run_solo(self.dit, self._context_pass(committed.latents.to(self.pipeline.device), committed.start_frame))
             self.next_frame = committed.start_frame + committed.latents.shape[1]
-        if next_block is not None:
-            self.next_block = next_block
+        if next_block_index is not None:
+            self.next_block_index = next_block_index
 
     def snapshot_state(self) -> dict[str, Any]:
         """A copy of what the next block reads besides its prompt (see `engine.snapshot`): the KV pages
@@ -373,7 +375,7 @@ class WanLoop:
         key_frames = sorted(self._key_rows)
         return {
             "cache": kv_snapshot.capture(self.cache).to_tree(),
-            "next_block": self.next_block,
+            "next_block": self.next_block_index,
             "next_frame": self.next_frame,
             "latent_frames": latent_frames,
             "latents": [self._frame_latents[f].detach().to("cpu", copy=True) for f in latent_frames],
@@ -383,13 +385,13 @@ class WanLoop:
 
     def load_state(self, state: dict[str, Any]) -> None:
         """Continue from `snapshot_state` of a session like this one, in place of its first blocks."""
-        if self.next_block or self.next_frame or self.cache.frames:
+        if self.next_block_index or self.next_frame or self.cache.frames:
             raise RuntimeError(f"session {self.session_id}: a snapshot loads into a new session only")
         kv_snapshot.load(self.cache, kv_snapshot.CacheSnapshot.from_tree(state["cache"]))
         device = self.pipeline.device
         self._frame_latents = {f: t.to(device) for f, t in zip(state["latent_frames"], state["latents"], strict=True)}
         self._key_rows = dict(zip(state["key_frames"], state["key_rows"], strict=True))
-        self.next_block = int(state["next_block"])
+        self.next_block_index = int(state["next_block"])
         self.next_frame = int(state["next_frame"])
 
     def close(self) -> None:

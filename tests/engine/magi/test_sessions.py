@@ -46,7 +46,7 @@ def test_the_front_door_makes_the_reference_video_from_the_prompt_text(
     chunks = noise.shape[2] // engine.model.preset.sampling.chunk_width
     prompt = golden_prompt(case)
     with engine.open(prompt, width=noise.shape[4] * 8, height=noise.shape[3] * 8, num_blocks=chunks) as video:
-        video.session.noise = RecordedChunkNoise(noise)  # the reference's single draw
+        video.loop.noise = RecordedChunkNoise(noise)  # the reference's single draw
         if case == "magi1_tiny_cfg":
             # Two of this prompt's words share a toy-tokenizer id, which no tokenizer file can express:
             # start from the reference's T5 output (the text path is checked by the distill case).

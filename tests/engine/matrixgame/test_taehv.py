@@ -74,7 +74,7 @@ def test_the_start_image_can_be_encoded_by_taehv(weights: Path) -> None:
     engine = MatrixGameEngine.load(TINY_MODEL, decoder=f"taehv:{weights}", image_encoder="taehv")
     model = engine.model
     with engine.open(_image(), num_blocks=BLOCKS, seed=SEED) as session:
-        cond = session.world.conditioning.cond_concat
+        cond = session.loop.conditioning.cond_concat
         first = next(iter(session))
     pixels = _pixels(fit_image(_image(), model.width, model.height))
     expected = taehv_image_latents(

@@ -96,12 +96,12 @@ def test_replay_under_the_stored_keys_continues_bit_identically() -> None:
     resumed = pipe.open_session(text, LATENT_H, LATENT_W, seed=9)
     resumed.replay(
         [ReplayBlock(b.start_frame, b.latents, text, rows) for b, rows in zip(full[:split], PLAN, strict=False)],
-        next_block=split,
+        next_block_index=split,
     )
     rest = run(resumed, PLAN[split:])
     assert all(torch.equal(x.latents, y.latents) for x, y in zip(full[split:], rest, strict=True))
     wrong = pipe.open_session(text, LATENT_H, LATENT_W, seed=9)
-    wrong.replay([ReplayBlock(b.start_frame, b.latents, text) for b in full[:split]], next_block=split)
+    wrong.replay([ReplayBlock(b.start_frame, b.latents, text) for b in full[:split]], next_block_index=split)
     assert not torch.equal(run(wrong, PLAN[split:])[0].latents, full[split].latents)  # keys are part of the past
 
 

@@ -139,7 +139,7 @@ def test_a_session_replayed_after_a_switch_continues_bit_identically() -> None:
         committed = [ReplayBlock(m.start_frame, m.latents, prompt(segment[m.index]), recached=m.recached) for m in made]
         with pipeline.open_session(prompt(0), LATENT_H, LATENT_W, seed=SEED, num_blocks=blocks) as second:
             second.replay(committed[:3])  # in two chunks, as a worker restores a long history
-            second.replay(committed[3:], next_block=6, from_start=False)
+            second.replay(committed[3:], next_block_index=6, from_start=False)
             rest = [second.generate_block().latents for _ in range(6, blocks)]
     assert torch.equal(torch.cat(rest, dim=1), whole[:, 6 * block.num_frame_per_block :])
 

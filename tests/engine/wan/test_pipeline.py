@@ -42,7 +42,7 @@ def test_block_regenerated_alone_from_stored_latents_equals_the_full_run(block: 
     committed = [ReplayBlock(b.start_frame, b.latents, embeds) for b in full[:k]]
     fresh = tiny_pipeline(block)
     with fresh.open_session(embeds, LATENT_H, LATENT_W, seed=3, num_blocks=5) as session:
-        session.replay(committed, next_block=k)
+        session.replay(committed, next_block_index=k)
         regenerated = session.generate_block()
     assert regenerated.index == k and regenerated.start_frame == full[k].start_frame
     assert torch.equal(regenerated.latents, full[k].latents)
@@ -58,7 +58,7 @@ def test_a_replay_in_chunks_equals_the_replay_at_once() -> None:
     with tiny_pipeline(ROLLING).open_session(embeds, LATENT_H, LATENT_W, seed=3, num_blocks=7) as session:
         session.generate_block()  # whatever ran before is dropped by the first chunk
         for first, chunk in ((0, committed[:1]), (1, committed[1:4]), (4, committed[4:])):
-            session.replay(chunk, next_block=first + len(chunk), from_start=first == 0)
+            session.replay(chunk, next_block_index=first + len(chunk), from_start=first == 0)
         regenerated = session.generate_block()
     assert regenerated.index == 6 and torch.equal(regenerated.latents, full[6].latents)
 

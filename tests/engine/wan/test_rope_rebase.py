@@ -88,7 +88,7 @@ def test_replay_across_crossings_continues_bit_identically() -> None:
     for k in (FIRST_CROSSING, 10, 15):  # at a crossing, between crossings, after the second
         committed = [ReplayBlock(b.start_frame, b.latents, embeds) for b in full[:k]]
         with pipeline().open_session(embeds, LATENT_H, LATENT_W, seed=7, num_blocks=18) as session:
-            session.replay(committed, next_block=k)
+            session.replay(committed, next_block_index=k)
             regenerated = [session.generate_block() for _ in range(3)]
         assert [b.index for b in regenerated] == [k, k + 1, k + 2]
         assert all(torch.equal(a.latents, b.latents) for a, b in zip(regenerated, full[k : k + 3], strict=True))
