@@ -27,10 +27,13 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.capabilities import EngineRequest, check
+    from engine.families.wan.quantized_folder import write_quantized_folder
     from engine.quant import parse_quant
-    from engine.quantized_folder import write_quantized_folder
+    from engine.registry import family_capabilities
 
     mode = parse_quant(args.quant)
+    check(family_capabilities(args.model), EngineRequest(quant=args.quant))  # before anything loads
     written = write_quantized_folder(args.model, mode, args.out)
     ratio = written.quantized_bytes / written.source_bytes
     print(

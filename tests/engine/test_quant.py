@@ -20,6 +20,7 @@ from engine.families.wan.dit import CausalWanDiT
 from engine.families.wan.golden import WanCase
 from engine.families.wan.loader import TOYWORLD_WEIGHTS, load_wan_model
 from engine.families.wan.pipeline import WanPipeline
+from engine.families.wan.quantized_folder import quantized_dit_name, write_quantized_folder
 from engine.quant import (
     QUANT_MODES,
     QuantLinear,
@@ -36,7 +37,6 @@ from engine.quant.kernels import (
     quantize_tokens,
     quantize_weight,
 )
-from engine.quantized_folder import quantized_dit_name, write_quantized_folder
 from inferix.errors import CheckpointError, UserError
 from inferix.spec.presets import load_preset
 from tests.conftest import GOLDEN_DIR
@@ -291,3 +291,12 @@ def test_a_sharded_folder_mixing_quantized_and_unquantized_shards_names_them(tmp
     yaml_path.write_text(yaml_path.read_text().replace("dit: dit-int8.safetensors", f"dit: {dit}"))
     with pytest.raises(CheckpointError, match=r"mixes quantized and unquantized.*\(in part-1.*\(in part-2"):
         load_wan_model(folder)
+
+
+def test_quantize_cli_refuses_a_family_that_runs_unquantized(tmp_path: Path) -> None:
+    out = tmp_path / "mg-int8"
+    command = [sys.executable, "-m", "inferix_cli", "quantize", "--model", "matrixgame2-tiny", "--quant", "int8"]
+    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "--quant int8: Matrix-Game 2.0 runs unquantized" in done.stderr
+    assert not out.exists()

@@ -1,4 +1,5 @@
-"""`inferix quantize`: a model folder whose DiT checkpoint holds quantized weights and scales."""
+"""`inferix quantize` for Wan-family models (the families whose capabilities say they quantize): a model
+folder whose DiT checkpoint holds quantized weights and scales."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from typing import Any
 import yaml
 from safetensors.torch import save_file
 
-from engine.families.magi.loader import is_magi_folder
 from engine.families.wan.checkpoint import load_dit
 from engine.families.wan.loader import MODEL_YAML, TOYWORLD_WEIGHTS, builtin_model_name, resolve_model_dir
 from engine.quant.dit import quantize_linears, weight_bytes
@@ -68,8 +68,6 @@ def write_quantized_folder(model: str | Path | None, mode: QuantMode, out: Path)
     if builtin == "tiny":
         raise UserError("the tiny model has built-in random weights and no folder; quantize it on load: --quant")
     root = TOYWORLD_WEIGHTS if builtin == "toyworld" else Path(model)  # type: ignore[arg-type]
-    if root.is_dir() and is_magi_folder(root):
-        raise UserError(f"{root} is a MAGI-1 model folder; MAGI-1 models run unquantized for now")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} already exists and is not an empty folder; choose a new path")
     folder = resolve_model_dir(root)
