@@ -44,5 +44,5 @@ def test_a_short_soak_survives_a_worker_and_a_scheduler_sigkill(tmp_path: Path) 
 
 def test_a_short_chaos_run_loses_and_repeats_nothing(tmp_path: Path) -> None:
     report = run(tmp_path, "chaos", "--minutes", "1", "--blocks", "90", "--interval", "3,6", "--seed", "3")
-    assert len(report["kills"]) >= 2
+    assert len([k for k in report["kills"] if k["pid"] is not None]) >= 2  # processes really killed
     assert len(report["sessions"]) == 6
