@@ -34,9 +34,7 @@ lint:
 	ruff format --check .
 	lint-imports
 	mypy inferix inferix_cli engine workers scheduler streamer kvcache_svc lvbench toyworld_lab
-	mypy bench/engine_speed.py bench/vae.py bench/mesh.py bench/kvcache.py bench/profiler.py bench/parallel.py bench/toyworld.py \
-		bench/streaming.py bench/service_deps.py bench/batching.py bench/magi.py bench/precision.py bench/quant.py \
-		bench/play_latency.py bench/capacity.py bench/drain.py bench/served.py bench/recovery.py bench/longrun.py
+	mypy bench/*.py
 	mypy scripts/gpu_check.py
 	$(MAKE) --no-print-directory buf-lint docker-lint helm-lint
 

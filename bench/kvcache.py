@@ -82,7 +82,7 @@ def recovery(pipeline: WanPipeline, lat: tuple[int, int], blocks: int, pool: KVP
     with pipeline.open_session(prompt, *lat, seed=0, num_blocks=blocks + 1) as session:
         sync(pipeline.device)
         t0 = time.perf_counter()
-        session.replay(committed, next_block=blocks)
+        session.replay(committed, next_block_index=blocks)
         sync(pipeline.device)
         recompute = time.perf_counter() - t0
         session.cache.offload()
