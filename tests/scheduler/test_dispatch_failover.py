@@ -1,62 +1,100 @@
-"""Placement and dispatch failover, in one process (`tests/scheduler/inprocess.py`): the real
-scheduler classes, kvcache_svc's real registry and block store, workers running the real toyworld
-engine; only the transport is direct calls instead of gRPC. The same paths with real processes and
-SIGKILL are in tests/mesh/test_recovery.py; these run in seconds, in `make test-fast`.
+"""Placement and dispatch failover in one process (`tests/scheduler/inprocess.py`): the scheduler's
+real classes, kvcache_svc's real servicer and registry, real workers on the toyworld engine and the
+real streamer, on a simulated network. The same paths with real processes and SIGKILL are in
+tests/mesh/test_recovery.py; these run in seconds, in `make test-fast`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections.abc import Callable, Coroutine
-from typing import Any
-
-import numpy as np
-import pytest
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from inferix.api.v1 import common_pb2
 from scheduler import metrics
-from tests.scheduler.inprocess import InProcessMesh, announced, solo_frames, with_config
+from scheduler.config import SchedulerConfig
+from scheduler.sessions import SessionRecord
+from tests.scheduler.inprocess import FAST, InProcessMesh, announced, solo, with_config
 
 BLOCKS = 6
+SEED, PROMPT = 7, "a red ball rolls"
 
 
-def in_loop(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
-    """Run an async test in a fresh event loop."""
+def in_mesh(
+    workers: list[str], config: SchedulerConfig = FAST
+) -> Callable[[Callable[[InProcessMesh], Awaitable[None]]], Callable[[Path], None]]:
+    """Run the test's body in a fresh event loop, with a mesh of these workers started."""
 
-    @functools.wraps(test)
-    def run(*args: object, **kwargs: object) -> None:
-        asyncio.run(test(*args, **kwargs))
+    def wrap(body: Callable[[InProcessMesh], Awaitable[None]]) -> Callable[[Path], None]:
+        def test(tmp_path: Path) -> None:
+            async def scenario() -> None:
+                mesh = InProcessMesh(tmp_path, config)
+                with mesh.installed():
+                    await mesh.start(workers)
+                    try:
+                        await body(mesh)
+                    finally:
+                        await mesh.close()
 
-    return run
+            asyncio.run(scenario())
+
+        test.__name__, test.__doc__ = body.__name__, body.__doc__  # not functools.wraps: pytest would ask for `mesh`
+        return test
+
+    return wrap
 
 
 async def _view(mesh: InProcessMesh) -> dict[str, tuple[bool, bool, dict[str, int]]]:
-    return {r.worker_id: (mesh.registry.alive(r), r.suspect, r.reservations) for r in await mesh.registry.workers()}
+    """Worker id -> (alive, suspect, reservations), as kvcache_svc's registry holds them now."""
+    registry = mesh.kvcache.registry
+    return {r.worker_id: (registry.alive(r), r.suspect, r.reservations) for r in await registry.workers()}
 
 
-def _assert_every_block_once(events: list[common_pb2.BlockEvent], blocks: int) -> None:
-    assert [e.block_index for e in events] == list(range(blocks))
-    first = [e.first_frame for e in events]
-    assert first == sorted(first) and first[0] == 0
+async def _assert_made_once_as_alone(mesh: InProcessMesh, record: SessionRecord) -> list[common_pb2.BlockEvent]:
+    """Every block announced once, in order, and the streamer's frames those of the session made alone."""
+    events = announced(record)
+    assert [e.block_index for e in events] == list(range(BLOCKS))
+    assert events[0].first_frame == 0
     assert all(a.first_frame + a.num_frames == b.first_frame for a, b in zip(events, events[1:], strict=False))
+    info = await mesh.stream_info(record)
+    assert (info.frames, info.frames_sha256) == solo(BLOCKS, SEED, PROMPT)
+    return events
 
 
-@in_loop
-async def test_a_session_moves_off_a_worker_that_dies_mid_block_with_every_block_once_and_the_same_frames() -> None:
-    mesh = InProcessMesh(["w-a", "w-b"])
-    await mesh.register()
+def _of(events: list[common_pb2.BlockEvent], worker_id: str) -> list[common_pb2.BlockEvent]:
+    return [e for e in events if e.worker_id == worker_id]
+
+
+def _answered(events: list[common_pb2.BlockEvent], worker_id: str, killed_during: int) -> int:
+    """How many blocks the worker had answered when it was killed while computing block `killed_during`:
+    the block before it may have been computed but not answered (its frames and commit go on while the
+    next block computes), so `killed_during - 1` or `killed_during`; returns the index after its last."""
+    made = [e.block_index for e in _of(events, worker_id)]
+    end = made[-1] + 1 if made else 0
+    assert end in (killed_during - 1, killed_during), (
+        f"{worker_id} answered blocks {made}, killed during {killed_during}"
+    )
+    return end
+
+
+@in_mesh(["w-a", "w-b"])
+async def test_a_session_moves_off_a_worker_killed_mid_block_with_every_block_once_and_the_same_frames(
+    mesh: InProcessMesh,
+) -> None:
     recoveries = metrics.RECOVERIES._value.get()
-    mesh.workers["w-a"].die_at(3)  # w-a (first by id, both idle) takes the session and dies making block 3
-    record = await mesh.finished(await mesh.create(BLOCKS))
+    record = await mesh.create(BLOCKS, SEED, PROMPT)
+    assert record.worker_id == "w-a"  # both idle: the first by id
+    await mesh.during_block("w-a", record, 3)
+    mesh.network.kill("w-a")
+    await mesh.finished(record)
 
     assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
-    events = announced(record)
-    _assert_every_block_once(events, BLOCKS)
-    assert [e.worker_id for e in events] == ["w-a"] * 3 + ["w-b"] * 3
+    events = await _assert_made_once_as_alone(mesh, record)
+    assert [e.worker_id for e in events] == ["w-a"] * _answered(events, "w-a", 3) + ["w-b"] * (
+        BLOCKS - len(_of(events, "w-a"))
+    )
     assert record.worker_id == "w-b"
-    np.testing.assert_array_equal(mesh.frames(record), solo_frames(record))
-    # kvcache_svc was told: no admission on w-a until it heartbeats again; the finished session holds no room.
+    # kvcache_svc was told: no admission on w-a (until it heartbeats again); the finished session holds no room.
     view = await _view(mesh)
     assert view["w-a"][:2] == (False, True) and view["w-b"][:2] == (True, False)
     assert not view["w-a"][2] and not view["w-b"][2]
@@ -65,65 +103,70 @@ async def test_a_session_moves_off_a_worker_that_dies_mid_block_with_every_block
     assert "worker w-a failed; recovering" in reasons
 
 
-@in_loop
-async def test_a_hung_worker_is_found_by_missed_health_probes_and_its_session_moves() -> None:
-    mesh = InProcessMesh(["w-a", "w-b"])
-    await mesh.register()
-    mesh.workers["w-a"].hang_at(2)  # accepts the call, never answers, fails its health checks
-    record = await mesh.finished(await mesh.create(BLOCKS))
+@in_mesh(["w-a", "w-b"], with_config(block_deadline_s=600.0))  # found by its probes, long before the deadline
+async def test_a_frozen_worker_is_found_by_missed_health_probes_and_its_session_moves(mesh: InProcessMesh) -> None:
+    record = await mesh.create(BLOCKS, SEED, PROMPT)
+    await mesh.during_block("w-a", record, 2)
+    mesh.network.stop("w-a")  # SIGSTOP: the call in flight never answers, nor do health checks
+    await mesh.finished(record, timeout_s=30)
 
     assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
-    events = announced(record)
-    _assert_every_block_once(events, BLOCKS)
-    assert [e.worker_id for e in events] == ["w-a"] * 2 + ["w-b"] * 4
-    np.testing.assert_array_equal(mesh.frames(record), solo_frames(record))
+    events = await _assert_made_once_as_alone(mesh, record)
+    assert [e.worker_id for e in events] == ["w-a"] * _answered(events, "w-a", 2) + ["w-b"] * (
+        BLOCKS - len(_of(events, "w-a"))
+    )
 
 
-@in_loop
-async def test_placement_skips_and_reports_a_registered_worker_that_cannot_be_reached() -> None:
-    mesh = InProcessMesh(["w-a", "w-b"])
-    await mesh.register()
-    mesh.workers["w-a"].kill()  # still registered and fresh in kvcache_svc, but gone
-    record = await mesh.create(BLOCKS)
+@in_mesh(["w-a", "w-b"])
+async def test_placement_skips_and_reports_a_registered_worker_that_cannot_be_reached(mesh: InProcessMesh) -> None:
+    mesh.network.kill("w-a")  # still registered and fresh in kvcache_svc, but gone
+    record = await mesh.create(BLOCKS, SEED, PROMPT)
 
     assert record.worker_id == "w-b"
     view = await _view(mesh)
     assert view["w-a"] == (False, True, {})  # reported: the next session is not admitted there either
     assert view["w-b"][2] == {record.session_id: record.valid.shape.pages}
-    second = await mesh.create(BLOCKS, seed=8)
+    second = await mesh.create(BLOCKS, SEED + 1, PROMPT)
     assert second.worker_id == "w-b"
-    for done in (await mesh.finished(record), await mesh.finished(second)):
-        assert done.state == common_pb2.SESSION_STATE_COMPLETED, done.error
-        assert {e.worker_id for e in announced(done)} == {"w-b"}
+    await mesh.finished(record)
+    await mesh.finished(second)
+    assert record.state == second.state == common_pb2.SESSION_STATE_COMPLETED, (record.error, second.error)
+    await _assert_made_once_as_alone(mesh, record)
+    assert {e.worker_id for e in announced(second)} == {"w-b"}
 
 
-@in_loop
-async def test_a_session_whose_only_worker_dies_fails_with_the_reason_and_frees_its_room() -> None:
-    mesh = InProcessMesh(["w-a"], with_config(block_deadline_s=0.5))
-    await mesh.register()
-    mesh.workers["w-a"].die_at(2)
-    record = await mesh.finished(await mesh.create(BLOCKS))
+@in_mesh(["w-a"], with_config(block_deadline_s=0.5))
+async def test_a_session_whose_only_worker_dies_fails_with_the_reason_and_frees_its_room(mesh: InProcessMesh) -> None:
+    record = await mesh.create(BLOCKS, SEED, PROMPT)
+    await mesh.during_block("w-a", record, 2)
+    mesh.network.kill("w-a")
+    await mesh.finished(record)
 
     assert record.state == common_pb2.SESSION_STATE_FAILED
     assert "no worker could take over session" in record.error and "w-a failed" in record.error
-    assert [e.block_index for e in announced(record)] == [0, 1]  # what was made stays announced
+    made = _answered(announced(record), "w-a", 2)  # what was made stays announced
     errors = [e.error.message for e in record.events if e.WhichOneof("event") == "error"]
     assert errors and "no worker could take over" in errors[-1]
     assert (await _view(mesh))["w-a"][2] == {}  # its reservation is released
-    committed = await mesh.blocks.listing(record.session_id)
-    assert committed is not None and [i for i, _ in committed] == [0, 1]  # kept for a later retry
+    committed = await mesh.kvcache.blocks.listing(record.session_id)
+    assert committed is not None and [i for i, _ in committed][:made] == list(range(made))  # kept: nothing made is lost
 
 
-@pytest.mark.parametrize("max_recoveries", [1])
-@in_loop
-async def test_recoveries_beyond_max_recoveries_end_the_session_as_failed(max_recoveries: int) -> None:
-    mesh = InProcessMesh(["w-a", "w-b", "w-c"], with_config(max_recoveries=max_recoveries))
-    await mesh.register()
-    mesh.workers["w-a"].die_at(1)
-    mesh.workers["w-b"].die_at(3)  # the second failure: one more than allowed
-    record = await mesh.finished(await mesh.create(BLOCKS))
+@in_mesh(["w-a", "w-b", "w-c"], with_config(max_recoveries=1))
+async def test_a_failure_beyond_max_recoveries_ends_the_session_as_failed(mesh: InProcessMesh) -> None:
+    record = await mesh.create(BLOCKS, SEED, PROMPT)
+    await mesh.during_block("w-a", record, 1)
+    mesh.network.kill("w-a")
+    await mesh.during_block("w-b", record, 3)
+    mesh.network.kill("w-b")  # the second failure: one more than allowed
+    await mesh.finished(record)
 
     assert record.state == common_pb2.SESSION_STATE_FAILED
-    assert "WorkerDown" in record.error and "w-b died during block 3" in record.error
-    assert [(e.block_index, e.worker_id) for e in announced(record)] == [(0, "w-a"), (1, "w-b"), (2, "w-b")]
+    assert "UNAVAILABLE" in record.error
+    events = announced(record)
+    on_a = _answered(events, "w-a", 1)
+    on_b = _answered(events, "w-b", 3) - on_a
+    assert [(e.block_index, e.worker_id) for e in events] == [(i, "w-a") for i in range(on_a)] + [
+        (on_a + i, "w-b") for i in range(on_b)
+    ]
     assert all(not reservations for _, _, reservations in (await _view(mesh)).values())
