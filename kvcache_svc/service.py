@@ -311,6 +311,20 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
             return kvcache_pb2.GetSnapshotResponse(found=False)
         return kvcache_pb2.GetSnapshotResponse(found=True, snapshot=snapshot)
 
+    @_with_statuses
+    async def PutSnapshotPiece(
+        self, request: kvcache_pb2.PutSnapshotPieceRequest, context: Any
+    ) -> kvcache_pb2.PutSnapshotPieceResponse:
+        await self.snapshots.put_piece(request.session_id, request.next_block, request.index, request.data)
+        return kvcache_pb2.PutSnapshotPieceResponse()
+
+    @_with_statuses
+    async def GetSnapshotPiece(
+        self, request: kvcache_pb2.GetSnapshotPieceRequest, context: Any
+    ) -> kvcache_pb2.GetSnapshotPieceResponse:
+        data = await self.snapshots.get_piece(request.session_id, request.next_block, request.index)
+        return kvcache_pb2.GetSnapshotPieceResponse(data=data)
+
 
 def add_to_server(server: grpc.aio.Server, store: Store, config: KVCacheConfig) -> Registration:
     """Register the servicer and start the metrics refresher; `drain` stops the refresher."""

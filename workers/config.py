@@ -30,3 +30,5 @@ class WorkerConfig:
     # KV snapshots to kvcache_svc every N blocks (`--snapshot-every`, see `workers.snapshots`): None for
     # the cost model's N, 0 for none.
     snapshot_every: int | None = None
+    # A snapshot larger than this ships in pieces of this size (under the 64 MiB a gRPC message carries here).
+    snapshot_piece_bytes: int = 16 * 2**20

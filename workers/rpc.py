@@ -74,7 +74,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         )
         self.probe = CapacityProbe(self.host, self.pump, self.capacity, model)
         supported = self.engine.capabilities.snapshots and driver is None
-        self.snapshots = Snapshots(self.host, self.kvcache, config.worker_id, config.snapshot_every, supported)
+        self.snapshots = Snapshots(
+            self.host, self.kvcache, config.worker_id, config.snapshot_every, supported, config.snapshot_piece_bytes
+        )
         self.lanes.after_commit.append(self.snapshots.after_commit)
         self._draining = False
         self.hand_over = True  # a drain waits for the schedulers to move its sessions (not on SIGINT)

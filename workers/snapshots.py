@@ -28,14 +28,19 @@ COSTS_KEPT snapshots and its mean block time. Toyworld at 64x64 on one CPU threa
 b = 60 ms, so N = AUTO_MIN = 8 to 20, S = 400 KB (20-50 KB per block, against 6 KB of latents),
 and a recovery replays at most N blocks (10 ms each: 0.1-0.2 s).
 Wan 1.3B at 480x832 in bf16: S is gigabytes (c in seconds) against a block of about a second on a
-GPU, so N = AUTO_MAX; such a snapshot is over the 64 MiB a message carries, so it is not stored
-(logged) and recovery replays from the first block until snapshots ship in pieces.
+GPU, so N = AUTO_MAX.
+
+A snapshot larger than `WorkerConfig.snapshot_piece_bytes` (16 MiB; a gRPC message carries 64 MiB
+here) ships in pieces: every piece first (`PutSnapshotPiece`), then the snapshot that counts them
+with the SHA-256 of the whole state; a successor fetches the pieces one by one (`GetSnapshotPiece`)
+and checks the digest before loading it (see kvcache_svc/snapshots.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import logging
 import math
 import statistics
@@ -118,13 +123,20 @@ class Snapshots:
     the engine's family takes snapshots (`Capabilities.snapshots`, and not a pod)."""
 
     def __init__(
-        self, host: EngineHost, kvcache: KVCacheLink, worker_id: str, every: int | None, supported: bool
+        self,
+        host: EngineHost,
+        kvcache: KVCacheLink,
+        worker_id: str,
+        every: int | None,
+        supported: bool,
+        piece_bytes: int = 16 * 2**20,
     ) -> None:
         self.host = host
         self.kvcache = kvcache
         self.worker_id = worker_id
         self.every = every
         self.supported = supported
+        self.piece_bytes = piece_bytes
         self._progress: dict[str, _Progress] = {}
 
     @property
@@ -179,10 +191,14 @@ class Snapshots:
             message = kvcache_pb2.KVSnapshot(
                 next_block=snapshot.next_block,
                 next_frame=snapshot.next_frame,
-                state=state,
                 worker_id=self.worker_id,
                 block_frames=_frames_before(progress.frames, snapshot.next_block),
             )
+            if len(state) <= self.piece_bytes:
+                message.state = state
+            else:
+                message.pieces = await self._ship_pieces(session_id, snapshot.next_block, state)
+                message.state_sha256 = await asyncio.to_thread(_sha256, state)
             await self.kvcache.stub.PutSnapshot(
                 kvcache_pb2.PutSnapshotRequest(session_id=session_id, snapshot=message), timeout=SHIP_DEADLINE_S
             )
@@ -195,6 +211,33 @@ class Snapshots:
             return
         SNAPSHOT_BYTES.observe(len(state))
         log.debug("snapshot of %s at block %d: %d bytes", session_id, snapshot.next_block, len(state))
+
+    async def _ship_pieces(self, session_id: str, next_block: int, state: bytes) -> int:
+        """Put the state in pieces of `piece_bytes`, in order; how many."""
+        view = memoryview(state)
+        starts = range(0, len(state), self.piece_bytes)
+        for index, start in enumerate(starts):
+            piece = kvcache_pb2.PutSnapshotPieceRequest(
+                session_id=session_id,
+                next_block=next_block,
+                index=index,
+                data=bytes(view[start : start + self.piece_bytes]),
+            )
+            await self.kvcache.stub.PutSnapshotPiece(piece, timeout=SHIP_DEADLINE_S)
+        return len(starts)
+
+    async def _fetch_pieces(self, session_id: str, found: kvcache_pb2.KVSnapshot) -> bytes | None:
+        """The state of a snapshot shipped in pieces; None when it does not match its digest."""
+        pieces = []
+        for index in range(found.pieces):
+            request = kvcache_pb2.GetSnapshotPieceRequest(
+                session_id=session_id, next_block=found.next_block, index=index
+            )
+            pieces.append((await self.kvcache.stub.GetSnapshotPiece(request, timeout=SHIP_DEADLINE_S)).data)
+        state = b"".join(pieces)
+        if await asyncio.to_thread(_sha256, state) != found.state_sha256:
+            return None
+        return state
 
     def forget(self, session_id: str) -> None:
         """The session left this worker: a snapshot still waiting for commits is dropped."""
@@ -214,26 +257,31 @@ class Snapshots:
             reply = await self.kvcache.stub.GetSnapshot(
                 kvcache_pb2.GetSnapshotRequest(session_id=session_id), timeout=SHIP_DEADLINE_S
             )
-            found = reply.snapshot if reply.found else None
-            unannounced = [] if found is None else await self._unannounced(session_id, found, announced_blocks)
+            if not reply.found:
+                return Restored()
+            found = reply.snapshot
+            unannounced = await self._unannounced(session_id, found, announced_blocks)
+            if unannounced is None:
+                log.info("session %s: its snapshot at block %d is past the blocks committed, or the scheduler needs "
+                         "blocks announced from %d: replaying from the first block", session_id, found.next_block,
+                         announced_blocks)  # fmt: skip
+                return Restored()
+            state = await self._fetch_pieces(session_id, found) if found.pieces else found.state
         except grpc.aio.AioRpcError as exc:
             log.warning("no snapshot of %s (%s): replaying from the first block", session_id, exc.code().name)
             return Restored()
-        if found is None:
-            return Restored()
-        if unannounced is None:
-            log.info("session %s: its snapshot at block %d is past the blocks committed, or the scheduler needs "
-                     "blocks announced from %d: replaying from the first block", session_id, found.next_block,
-                     announced_blocks)  # fmt: skip
+        if state is None:
+            log.warning("session %s: the pieces of its snapshot at block %d do not match its SHA-256: replaying "
+                        "from the first block", session_id, found.next_block)  # fmt: skip
             return Restored()
         try:
-            snapshot = await asyncio.to_thread(SessionSnapshot.decode, found.state)
+            snapshot = await asyncio.to_thread(SessionSnapshot.decode, state)
             await self.host.call(video.load_snapshot, snapshot)
         except SnapshotMismatch as exc:
             log.warning("session %s: snapshot not used (%s): replaying from the first block", session_id, exc)
             return Restored()
-        log.info("session %s: loaded its snapshot at block %d (%d bytes, taken by %s)", session_id,
-                 found.next_block, len(found.state), found.worker_id)  # fmt: skip
+        log.info("session %s: loaded its snapshot at block %d (%d bytes in %d piece(s), taken by %s)", session_id,
+                 found.next_block, len(state), max(found.pieces, 1), found.worker_id)  # fmt: skip
         world = video.schema is not None
         events = []
         counts = found.block_frames[len(found.block_frames) - len(unannounced) :]
@@ -274,3 +322,7 @@ def _frames_before(frames: collections.deque[tuple[int, int]], next_block: int) 
         counts.append(count)
         expected -= 1
     return counts[::-1]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

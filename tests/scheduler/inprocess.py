@@ -16,9 +16,11 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import logging
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import scheduler.grpc_clients
 import workers.kvcache_link
@@ -70,12 +72,26 @@ def toyworld() -> Model:
     return load_model(MODEL, LoadOptions(), served=True)
 
 
+class LogLines(logging.Handler):
+    """Log records as "logger: message" lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.name}: {record.getMessage()}")
+
+
 class InProcessMesh:
     """kvcache_svc, a streamer, workers and a scheduler in this event loop, on one simulated network."""
 
-    def __init__(self, data_dir: Path, config: SchedulerConfig = FAST) -> None:
+    def __init__(self, data_dir: Path, config: SchedulerConfig = FAST, **worker: object) -> None:
+        """`worker`: `WorkerConfig` fields every worker is started with (e.g. snapshot_every)."""
         self.network = Network()
         self.config = config
+        self.worker_options = worker
+        self.logs = LogLines()
         self.kvcache = KVCacheServicer(MemoryStore(), KVCacheConfig(heartbeat_timeout_s=2.0))
         self.streamer = StreamerService(
             StreamerConfig(data_dir=data_dir, codec=resolve_encoder("libx264")), LinkHub(SchedulerControl())
@@ -88,13 +104,20 @@ class InProcessMesh:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """Our modules open channels on the simulated network while the mesh runs."""
+        """Our modules open channels on the simulated network while the mesh runs, and what the
+        services log (INFO and up) is kept in `logs`."""
         saved = [getattr(module, "channel") for module in CHANNEL_USERS]  # noqa: B009
         for module in CHANNEL_USERS:
             setattr(module, "channel", self.network.channel)  # noqa: B010
+        ours = logging.getLogger("inferix")
+        level = ours.level
+        ours.setLevel(logging.INFO)
+        ours.addHandler(self.logs)
         try:
             yield
         finally:
+            ours.removeHandler(self.logs)
+            ours.setLevel(level)
             for module, channel in zip(CHANNEL_USERS, saved, strict=True):
                 setattr(module, "channel", channel)  # noqa: B010
 
@@ -108,9 +131,8 @@ class InProcessMesh:
         for worker_id in worker_ids:
             with self.network.process(worker_id):
                 # No start-up probe: the capacity is learnt from the blocks served (admission by KV pages).
-                config = WorkerConfig(
-                    worker_id, KVCACHE, WORKER_PAGES, heartbeat_interval_s=0.2, capacity_probe_streams=0
-                )
+                options: dict[str, Any] = {"heartbeat_interval_s": 0.2, "capacity_probe_streams": 0}
+                config = WorkerConfig(worker_id, KVCACHE, WORKER_PAGES, **(options | self.worker_options))
                 service = WorkerService(toyworld(), config)
                 self.network.serve(worker_id, functools.partial(_add_worker, service))
                 self._heartbeats.append(asyncio.create_task(service.register_and_heartbeat(worker_id, self._stop)))

@@ -21,14 +21,15 @@ SEED, PROMPT = 7, "a red ball rolls"
 
 
 def in_mesh(
-    workers: list[str], config: SchedulerConfig = FAST
+    workers: list[str], config: SchedulerConfig = FAST, **worker: object
 ) -> Callable[[Callable[[InProcessMesh], Awaitable[None]]], Callable[[Path], None]]:
-    """Run the test's body in a fresh event loop, with a mesh of these workers started."""
+    """Run the test's body in a fresh event loop, with a mesh of these workers started (`worker`:
+    their `WorkerConfig` fields)."""
 
     def wrap(body: Callable[[InProcessMesh], Awaitable[None]]) -> Callable[[Path], None]:
         def test(tmp_path: Path) -> None:
             async def scenario() -> None:
-                mesh = InProcessMesh(tmp_path, config)
+                mesh = InProcessMesh(tmp_path, config, **worker)
                 with mesh.installed():
                     await mesh.start(workers)
                     try:
@@ -170,3 +171,24 @@ async def test_a_failure_beyond_max_recoveries_ends_the_session_as_failed(mesh: 
         (on_a + i, "w-b") for i in range(on_b)
     ]
     assert all(not reservations for _, _, reservations in (await _view(mesh)).values())
+
+
+@in_mesh(["w-a", "w-b"], snapshot_every=4, snapshot_piece_bytes=64 * 1024)
+async def test_a_snapshot_shipped_in_pieces_is_what_the_successor_loads_and_the_frames_stay_the_same(
+    mesh: InProcessMesh,
+) -> None:
+    blocks = 14
+    record = await mesh.create(blocks, SEED, PROMPT)
+    await mesh.during_block("w-a", record, 11)  # snapshots were taken after blocks 4 and 8 (about 400 KB each)
+    mesh.network.kill("w-a")
+    await mesh.finished(record)
+
+    assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
+    info = await mesh.stream_info(record)
+    assert (info.frames, info.frames_sha256) == solo(blocks, SEED, PROMPT)
+    loaded = [line for line in mesh.logs.lines if "loaded its snapshot at block 8" in line]
+    assert len(loaded) == 1, mesh.logs.lines
+    pieces = int(loaded[0].split(" in ")[1].split(" piece")[0])
+    assert pieces > 1, loaded  # several pieces of 64 KiB
+    latest = await mesh.kvcache.snapshots.get(record.session_id)
+    assert latest is not None and latest.next_block >= 8 and latest.pieces > 1 and not latest.state

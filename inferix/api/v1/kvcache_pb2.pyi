@@ -232,18 +232,22 @@ class GetCommittedBlocksResponse(_message.Message):
     def __init__(self, blocks: _Optional[_Iterable[_Union[CommittedBlock, _Mapping]]] = ...) -> None: ...
 
 class KVSnapshot(_message.Message):
-    __slots__ = ("next_block", "next_frame", "state", "worker_id", "block_frames")
+    __slots__ = ("next_block", "next_frame", "state", "worker_id", "block_frames", "pieces", "state_sha256")
     NEXT_BLOCK_FIELD_NUMBER: _ClassVar[int]
     NEXT_FRAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     BLOCK_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    STATE_SHA256_FIELD_NUMBER: _ClassVar[int]
     next_block: int
     next_frame: int
     state: bytes
     worker_id: str
     block_frames: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, next_block: _Optional[int] = ..., next_frame: _Optional[int] = ..., state: _Optional[bytes] = ..., worker_id: _Optional[str] = ..., block_frames: _Optional[_Iterable[int]] = ...) -> None: ...
+    pieces: int
+    state_sha256: str
+    def __init__(self, next_block: _Optional[int] = ..., next_frame: _Optional[int] = ..., state: _Optional[bytes] = ..., worker_id: _Optional[str] = ..., block_frames: _Optional[_Iterable[int]] = ..., pieces: _Optional[int] = ..., state_sha256: _Optional[str] = ...) -> None: ...
 
 class PutSnapshotRequest(_message.Message):
     __slots__ = ("session_id", "snapshot")
@@ -272,3 +276,35 @@ class GetSnapshotResponse(_message.Message):
     found: bool
     snapshot: KVSnapshot
     def __init__(self, found: _Optional[bool] = ..., snapshot: _Optional[_Union[KVSnapshot, _Mapping]] = ...) -> None: ...
+
+class PutSnapshotPieceRequest(_message.Message):
+    __slots__ = ("session_id", "next_block", "index", "data")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    next_block: int
+    index: int
+    data: bytes
+    def __init__(self, session_id: _Optional[str] = ..., next_block: _Optional[int] = ..., index: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PutSnapshotPieceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetSnapshotPieceRequest(_message.Message):
+    __slots__ = ("session_id", "next_block", "index")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    next_block: int
+    index: int
+    def __init__(self, session_id: _Optional[str] = ..., next_block: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class GetSnapshotPieceResponse(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...

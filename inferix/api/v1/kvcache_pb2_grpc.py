@@ -95,6 +95,16 @@ class KVCacheServiceStub:
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotResponse.FromString,
                 _registered_method=True)
+        self.PutSnapshotPiece = channel.unary_unary(
+                '/inferix.v1.KVCacheService/PutSnapshotPiece',
+                request_serializer=inferix_dot_v1_dot_kvcache__pb2.PutSnapshotPieceRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_kvcache__pb2.PutSnapshotPieceResponse.FromString,
+                _registered_method=True)
+        self.GetSnapshotPiece = channel.unary_unary(
+                '/inferix.v1.KVCacheService/GetSnapshotPiece',
+                request_serializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotPieceRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotPieceResponse.FromString,
+                _registered_method=True)
 
 
 class KVCacheServiceServicer:
@@ -181,6 +191,21 @@ class KVCacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutSnapshotPiece(self, request, context):
+        """One piece of a snapshot too large for one message: a worker puts its pieces first, then the
+        snapshot that counts them (PutSnapshot, `pieces`). Pieces no snapshot names expire.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSnapshotPiece(self, request, context):
+        """One piece of the session's latest snapshot (NOT_FOUND once a newer snapshot replaced it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVCacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -243,6 +268,16 @@ def add_KVCacheServiceServicer_to_server(servicer, server):
                     servicer.GetSnapshot,
                     request_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotResponse.SerializeToString,
+            ),
+            'PutSnapshotPiece': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutSnapshotPiece,
+                    request_deserializer=inferix_dot_v1_dot_kvcache__pb2.PutSnapshotPieceRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_kvcache__pb2.PutSnapshotPieceResponse.SerializeToString,
+            ),
+            'GetSnapshotPiece': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSnapshotPiece,
+                    request_deserializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotPieceRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_kvcache__pb2.GetSnapshotPieceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -570,6 +605,60 @@ class KVCacheService:
             '/inferix.v1.KVCacheService/GetSnapshot',
             inferix_dot_v1_dot_kvcache__pb2.GetSnapshotRequest.SerializeToString,
             inferix_dot_v1_dot_kvcache__pb2.GetSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutSnapshotPiece(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferix.v1.KVCacheService/PutSnapshotPiece',
+            inferix_dot_v1_dot_kvcache__pb2.PutSnapshotPieceRequest.SerializeToString,
+            inferix_dot_v1_dot_kvcache__pb2.PutSnapshotPieceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSnapshotPiece(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferix.v1.KVCacheService/GetSnapshotPiece',
+            inferix_dot_v1_dot_kvcache__pb2.GetSnapshotPieceRequest.SerializeToString,
+            inferix_dot_v1_dot_kvcache__pb2.GetSnapshotPieceResponse.FromString,
             options,
             channel_credentials,
             insecure,
