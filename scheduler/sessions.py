@@ -65,6 +65,9 @@ ACTION_BURST = 60
 
 # Events an attached client may leave unread before its stream is ended (it re-attaches with from_block).
 MAX_UNREAD_EVENTS = 4096
+# Events a session keeps for clients that attach later: the latest ones, so that an hour-long session's
+# history takes the same memory as a six-minute one's (toyworld: 2,048 blocks are 6.4 minutes of video).
+HISTORY_EVENTS = 2048
 
 
 class EventQueue(asyncio.Queue["scheduler_pb2.InteractResponse | None"]):
@@ -122,7 +125,9 @@ class SessionRecord:
     stop_requested: bool = False
     cancel_requested: bool = False
     error: str = ""
-    events: list[scheduler_pb2.InteractResponse] = field(default_factory=list)
+    events: collections.deque[scheduler_pb2.InteractResponse] = field(
+        default_factory=lambda: collections.deque(maxlen=HISTORY_EVENTS)
+    )
     first_block_at: float | None = None
     frames_made: int = 0  # pixel frames of the blocks made so far (0: none since this scheduler took it)
     # Dispatch-to-done seconds of the latest blocks made since this scheduler took the session, but the
@@ -256,9 +261,11 @@ class SessionRecord:
     def subscribe(self, from_block: int) -> EventQueue:
         """A queue of the session's events: blocks from `from_block` on, and the other events kept in
         its history -- those after block `from_block - 1` when the history has it (a client that
-        re-attaches after its last block gets no event twice), else all of them."""
+        re-attaches after its last block gets no event twice), else all of them. The history holds
+        the latest HISTORY_EVENTS: a client that asks for blocks older than those starts with the
+        oldest kept."""
         queue = EventQueue()
-        history = self.events
+        history = list(self.events)
         for i, event in enumerate(history):
             if event.WhichOneof("event") == "block" and event.block.block_index == from_block - 1:
                 history = history[i + 1 :]
@@ -278,7 +285,8 @@ class SessionRecord:
         before "resumed" (for clients that attach later), and send the ones not yet announced to who
         is attached now. All of them precede the resume: the old scheduler may have announced a block
         and died before it persisted that, and a client that saw it must still get "resumed" after it."""
-        self.events[:0] = [scheduler_pb2.InteractResponse(session_id=self.session_id, block=b) for b in blocks]
+        made = [scheduler_pb2.InteractResponse(session_id=self.session_id, block=b) for b in blocks]
+        self.events = collections.deque([*made, *self.events], maxlen=HISTORY_EVENTS)  # the oldest drop out
         self.history_missing = False
         for block in blocks:
             if block.block_index >= self.announced_blocks:

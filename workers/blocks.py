@@ -44,6 +44,9 @@ OUTPUT_DEPTH = 2
 # Blocks of one session queued here and not started, at most (the scheduler sends one ahead; the one
 # before it may still be on its way).
 QUEUED = 2
+# Events of the latest blocks made or restored here, per session: what a restarted scheduler announces
+# from (a few blocks) and the history it rebuilds for its clients (the scheduler keeps as many).
+EVENTS_KEPT = 2048
 # Called after a block is committed, before its reply (e.g. a KV snapshot): session id, session, block,
 # and `BlockLanes.paused` for the session: inside it no block of the session computes (the session's
 # next block may be in the batcher already when its previous one is committed).
@@ -85,9 +88,11 @@ class WorkerSession:
     streamer: streamer_pb2_grpc.StreamerServiceStub
     fps: int
     last_block_unix: float = field(default_factory=time.time)
-    # Every block made or restored here (timings only for those made here): a scheduler that
+    # The latest blocks made or restored here (timings only for those made here): a scheduler that
     # missed some, because it restarted, announces them from these.
-    events: list[common_pb2.BlockEvent] = field(default_factory=list)
+    events: collections.deque[common_pb2.BlockEvent] = field(
+        default_factory=lambda: collections.deque(maxlen=EVENTS_KEPT)
+    )
     replied_s: float | None = None  # perf_counter when its last block was answered
     queued: collections.deque[BlockTicket] = field(default_factory=collections.deque)
     computing: BlockTicket | None = None  # its block in the batcher (or its prompt being encoded)

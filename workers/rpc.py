@@ -150,7 +150,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 )
             raise
         streamer = self.publisher.streamer(request.streamer_address)
-        session = WorkerSession(request.session_id, video, streamer, self.model.fps, events=events)
+        session = WorkerSession(request.session_id, video, streamer, self.model.fps)
+        session.events.extend(events)
         self.sessions[request.session_id] = session
         metrics.SESSIONS.set(len(self.sessions))
         return self._opened(session, request.announced_blocks)
