@@ -1,10 +1,17 @@
 """Committed block latents per session: the durable input of recovery by recompute.
 
 Layout in the store (one value per block, because a block's latents are ~1 MB and a session
-can run for hundreds of blocks; rewriting one growing value per commit would be quadratic):
+can run for hours, ~19,000 toyworld blocks an hour; rewriting one growing value per commit would be
+quadratic, so the index too is in pages of INDEX_PAGE_BLOCKS blocks):
 
-    kvcache/blocks/<session>/index                 JSON {block index: content digest}
+    kvcache/blocks/<session>/index                 JSON {block index: content digest}, blocks 0-1023
+    kvcache/blocks/<session>/index/<page:06d>      the same for blocks from page * 1024 (page >= 1)
     kvcache/blocks/<session>/<index:010d>-<digest> the CommittedBlock message, serialised
+
+A commit reads and rewrites one page (at most 1,024 entries, ~45 KB), whatever the session's length;
+reading the whole listing (a recovery) reads every page. Pages follow each other: blocks are
+committed in order, so the listing stops at the first page that is missing. The first page's key is
+the session's: its expiry is the session's (a released session's blocks expire together).
 
 Commit writes the block value first and then adds it to the index with one atomic update, so a
 crash between the two leaves an unreferenced value, never an index entry without data. The
@@ -35,8 +42,19 @@ def validate_block(block: CommittedBlock, session_id: str) -> None:
         raise InvalidRequestError(f"block {block.block_index} of session {session_id!r}: {problem}")
 
 
-def _index_key(session_id: str) -> str:
-    return f"{BLOCKS_PREFIX}{session_id}/index"
+INDEX_PAGE_BLOCKS = 1024
+LISTING_PAGES_PER_READ = 16
+
+
+def _index_key(session_id: str, page: int = 0) -> str:
+    """The key of an index page; page 0's is the session's key (its expiry is the session's)."""
+    base = f"{BLOCKS_PREFIX}{session_id}/index"
+    return base if page == 0 else f"{base}/{page:06d}"
+
+
+def session_key(session_id: str) -> str:
+    """The key whose expiry is the session's: its keys added after a release follow the same clock."""
+    return _index_key(session_id)
 
 
 def _block_key(session_id: str, block_index: int, digest: str) -> str:
@@ -63,7 +81,7 @@ class BlockStore:
         validate_block(block, session_id)
         payload = block.encode()
         digest = hashlib.sha256(payload).hexdigest()[:32]
-        index_key = _index_key(session_id)
+        index_key = _index_key(session_id, block.block_index // INDEX_PAGE_BLOCKS)
 
         def conflict(existing: str) -> AlreadyCommittedError:
             return AlreadyCommittedError(
@@ -78,7 +96,7 @@ class BlockStore:
         if existing is not None:
             raise conflict(existing)
         # A released session's keys expire; blocks committed after the release follow the same clock.
-        ttl = await self.store.ttl(index_key)
+        ttl = await self.store.ttl(session_key(session_id))
         ttl = None if ttl is None else max(ttl, MIN_TTL_S)
         block_key = _block_key(session_id, block.block_index, digest)
         await self.store.put(block_key, payload, ttl_s=ttl)
@@ -105,8 +123,21 @@ class BlockStore:
         """(block index, digest) of the session's committed blocks, ascending; None when it has never
         committed one. Read it once and `read` it in slices: a long session's index is large."""
         require_id("session_id", session_id)
-        index = _decode_index(await self.store.get(_index_key(session_id)))
+        index = await self._index(session_id)
         return sorted(index.items()) if index else None
+
+    async def _index(self, session_id: str) -> dict[int, str]:
+        """Every page of the session's index, merged."""
+        index: dict[int, str] = {}
+        first = 0
+        while True:
+            pages = range(first, first + LISTING_PAGES_PER_READ)
+            values = await self.store.get_many([_index_key(session_id, page) for page in pages])
+            for value in values:
+                if value is None:
+                    return index
+                index.update(_decode_index(value))
+            first += LISTING_PAGES_PER_READ
 
     async def read(self, session_id: str, listed: list[tuple[int, str]]) -> list[CommittedBlock]:
         """These blocks of `listing`, in the order given (one store round trip)."""
@@ -127,9 +158,10 @@ class BlockStore:
     async def expire(self, session_id: str, ttl_s: float) -> int:
         """Let every committed block of the session expire in `ttl_s`; returns how many."""
         require_id("session_id", session_id)
-        index_key = _index_key(session_id)
-        index = _decode_index(await self.store.get(index_key))
+        index = await self._index(session_id)
         for block_index, digest in index.items():
             await self.store.expire(_block_key(session_id, block_index, digest), ttl_s)
-        await self.store.expire(index_key, ttl_s)
+        pages = {block_index // INDEX_PAGE_BLOCKS for block_index in index} | {0}
+        for page in sorted(pages, reverse=True):  # the session's key last: a commit meanwhile reads its TTL
+            await self.store.expire(_index_key(session_id, page), ttl_s)
         return len(index)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from inferix.api.v1 import kvcache_pb2
 from inferix.store import Store
-from kvcache_svc.blocks import MIN_TTL_S, _index_key
+from kvcache_svc.blocks import MIN_TTL_S, session_key
 from kvcache_svc.errors import InvalidRequestError, NotFoundError, PreconditionError
 from kvcache_svc.registry import require_id
 
@@ -118,7 +118,7 @@ class SnapshotStore:
 
     async def _ttl(self, session_id: str) -> float | None:
         """A released session's keys expire; a late snapshot follows its committed blocks' clock."""
-        ttl = await self.store.ttl(_index_key(session_id))
+        ttl = await self.store.ttl(session_key(session_id))
         return None if ttl is None else max(ttl, MIN_TTL_S)
 
     async def _expire_pieces(self, session_id: str, next_block: int, pieces: int, ttl_s: float | None) -> None:
