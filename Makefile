@@ -43,6 +43,7 @@ bench:
 	$(PYTHON) bench/vae.py
 	$(PYTHON) bench/mesh.py
 	$(PYTHON) bench/kvcache.py
+	$(PYTHON) bench/commits.py
 	$(PYTHON) bench/profiler.py
 	$(PYTHON) bench/parallel.py
 	$(PYTHON) bench/streaming.py
