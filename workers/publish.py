@@ -60,11 +60,24 @@ class FramePublisher:
 
         await while_away(f"frames of {session_id} block {block.index}: streamer", attempt)
 
-    async def finish(self, streamer: streamer_pb2_grpc.StreamerServiceStub, session_id: str) -> None:
-        """The session's video is complete: its outputs are finalized (its MP4 is written)."""
-        await streamer.FinishStream(
-            streamer_pb2.FinishStreamRequest(session_id=session_id), timeout=INTERNAL_DEADLINE_S
-        )
+    async def finish(
+        self, streamer: streamer_pb2_grpc.StreamerServiceStub, session_id: str, video: Session, fps: int
+    ) -> None:
+        """The session's video is complete: its outputs are finalized (its MP4 is written). A streamer
+        that is restarting is waited for; one that restarted after the session's last frame, and so
+        does not hold it (NOT_FOUND), first gets the whole video again, so the recording is not lost."""
+        request = streamer_pb2.FinishStreamRequest(session_id=session_id)
+
+        async def attempt() -> None:
+            try:
+                await streamer.FinishStream(request, timeout=INTERNAL_DEADLINE_S)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND or video.next_block_index == 0:
+                    raise
+                await self._backfill(streamer, session_id, video, fps, before_block=video.next_block_index)
+                await streamer.FinishStream(request, timeout=INTERNAL_DEADLINE_S)
+
+        await while_away(f"recording of {session_id}: streamer", attempt)
 
     async def _push(
         self,

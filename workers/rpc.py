@@ -278,9 +278,15 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             return worker_pb2.CloseSessionResponse()
         self.lanes.close(session)  # blocks not started fail; the one computing is published and committed
         await session.settled.wait()
-        await self.host.call(session.video.close)
-        if request.finish_stream:
-            await self.publisher.finish(session.streamer, request.session_id)
+
+        async def finish_then_close() -> None:
+            try:  # the recording first: a streamer that restarted may need the video decoded again
+                if request.finish_stream:
+                    await self.publisher.finish(session.streamer, request.session_id, session.video, self.model.fps)
+            finally:
+                await self.host.call(session.video.close)
+
+        await asyncio.shield(finish_then_close())  # finished and closed even when the caller stops waiting
         metrics.SESSIONS.set(len(self.sessions))
         self._closed.set()
         return worker_pb2.CloseSessionResponse()

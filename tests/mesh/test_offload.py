@@ -17,7 +17,9 @@ from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 
 SEEDS = (21, 22)
-BLOCKS = 4
+# Long enough that a pause sent at the first block lands before the end on a loaded machine: the client
+# may read that block's event late, and the scheduler has sent the next one ahead meanwhile.
+BLOCKS = 8
 # toyworld: one page per latent frame, 3 latent frames a block, a window of 6 frames.
 BLOCK = load_preset("toyworld").pipeline.block
 
@@ -57,7 +59,9 @@ def test_paused_sessions_move_to_host_and_resume_unchanged(small_mesh: Mesh) -> 
         while time.monotonic() < deadline and worker_kv(small_mesh)[0] > 0:
             time.sleep(0.2)
         used, host = worker_kv(small_mesh)
-        done = [client.get_session(s.session_id).blocks_done for s in sessions]
+        now = [client.get_session(s.session_id) for s in sessions]
+        assert [s.state for s in now] == ["paused", "paused"], now
+        done = [s.blocks_done for s in now]
         assert used == 0, "paused sessions still hold device pages"
         # A pause takes effect after the blocks already at the worker (the one in flight, and the next one
         # the scheduler sent ahead), so a session may hold a full window by then.

@@ -93,14 +93,26 @@ class InProcessMesh:
         self.worker_options = worker
         self.logs = LogLines()
         self.kvcache = KVCacheServicer(MemoryStore(), KVCacheConfig(heartbeat_timeout_s=2.0))
-        self.streamer = StreamerService(
-            StreamerConfig(data_dir=data_dir, codec=resolve_encoder("libx264")), LinkHub(SchedulerControl())
-        )
+        self.data_dir = data_dir
+        self.streamer = self._new_streamer()
         self.workers: dict[str, WorkerService] = {}
         self._heartbeats: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self.presets = Presets(config.default_lookahead)
         self.table = SessionTable(MemoryStore())
+
+    def _new_streamer(self) -> StreamerService:
+        config = StreamerConfig(data_dir=self.data_dir, codec=resolve_encoder("libx264"))
+        return StreamerService(config, LinkHub(SchedulerControl()))
+
+    def _serve_streamer(self, server: Server) -> None:
+        streamer_pb2_grpc.add_StreamerServiceServicer_to_server(self.streamer, server)
+
+    def restart_streamer(self) -> None:
+        """SIGKILL the streamer and start a new one on the same recordings folder."""
+        self.network.kill(STREAMER)
+        self.streamer = self._new_streamer()
+        self.network.restart(STREAMER, self._serve_streamer)
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
@@ -125,9 +137,7 @@ class InProcessMesh:
         """Serve kvcache_svc and the streamer, start the workers and the scheduler's parts (within
         `installed`); return once every worker has registered."""
         self.network.serve(KVCACHE, lambda s: kvcache_pb2_grpc.add_KVCacheServiceServicer_to_server(self.kvcache, s))
-        self.network.serve(
-            STREAMER, lambda s: streamer_pb2_grpc.add_StreamerServiceServicer_to_server(self.streamer, s)
-        )
+        self.network.serve(STREAMER, self._serve_streamer)
         for worker_id in worker_ids:
             with self.network.process(worker_id):
                 # No start-up probe: the capacity is learnt from the blocks served (admission by KV pages).

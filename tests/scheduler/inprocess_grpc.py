@@ -10,7 +10,8 @@ Each service is a "process" by its address: what it calls while it handles a cal
 started there) is made on its behalf. `kill(address)` ends the process as SIGKILL does: calls in
 flight to it fail with UNAVAILABLE, later ones too, and every call it would still make is refused
 (its engine thread may finish a step, but nothing it made reaches anyone). `stop(address)` freezes
-it as SIGSTOP does: calls to it (health checks included) never answer, so deadlines expire.
+it as SIGSTOP does: calls to it (health checks included) and from it wait, so deadlines expire, until
+`resume(address)`; `restart(address, ...)` serves a new process at a killed one's address.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Network:
         self.dead: set[str] = set()
         self.stopped: set[str] = set()
         self._calls: dict[str, set[asyncio.Task[Any]]] = {}
+        self._resumed: dict[str, asyncio.Event] = {}
 
     def serve(self, address: str, add: Callable[[Server], object]) -> Server:
         """A process at `address` serving what `add` registers, and the health service (SERVING)."""
@@ -103,8 +105,24 @@ class Network:
         for task in self._calls.pop(address, set()):
             task.cancel()
 
+    def restart(self, address: str, add: Callable[[Server], object]) -> None:
+        """A new process at a killed one's address (as `inferix serve` restarts a service)."""
+        self.servers.pop(address, None)
+        self.dead.discard(address)
+        self.serve(address, add)
+
     def stop(self, address: str) -> None:
         self.stopped.add(address)
+        self._resumed[address] = asyncio.Event()
+
+    def resume(self, address: str) -> None:
+        """SIGCONT: what waited in the stopped process goes on."""
+        self.stopped.discard(address)
+        self._resumed.pop(address, asyncio.Event()).set()
+
+    async def _while_stopped(self, address: str) -> None:
+        if address in self.stopped:
+            await self._resumed[address].wait()
 
     async def call(self, caller: str, address: str, method: str, request: Any, timeout: float | None) -> Any:
         """Run the handler of `method` at `address` for `request` (already through the wire format)."""
@@ -112,8 +130,7 @@ class Network:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{caller} is dead: it makes no calls")
         try:
             async with asyncio.timeout(timeout):
-                if caller in self.stopped:
-                    await asyncio.Event().wait()
+                await self._while_stopped(caller)
                 return await self._answer(address, method, request)
         except TimeoutError:
             raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
@@ -122,8 +139,7 @@ class Network:
         server = self.servers.get(address)
         if server is None or address in self.dead:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"failed to connect to {address}")
-        if address in self.stopped:
-            await asyncio.Event().wait()
+        await self._while_stopped(address)
         handler = server.handler(method)
         if handler is None:
             raise rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{address} does not serve {method}")

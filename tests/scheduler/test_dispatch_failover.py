@@ -14,7 +14,7 @@ from inferix.api.v1 import common_pb2
 from scheduler import metrics
 from scheduler.config import SchedulerConfig
 from scheduler.sessions import SessionRecord
-from tests.scheduler.inprocess import FAST, InProcessMesh, announced, solo, with_config
+from tests.scheduler.inprocess import FAST, SCHEDULER, InProcessMesh, announced, solo, with_config
 
 BLOCKS = 6
 SEED, PROMPT = 7, "a red ball rolls"
@@ -192,3 +192,23 @@ async def test_a_snapshot_shipped_in_pieces_is_what_the_successor_loads_and_the_
     assert pieces > 1, loaded  # several pieces of 64 KiB
     latest = await mesh.kvcache.snapshots.get(record.session_id)
     assert latest is not None and latest.next_block >= 8 and latest.pieces > 1 and not latest.state
+
+
+@in_mesh(["w-a"])
+async def test_a_streamer_restarted_after_the_last_frame_still_gets_the_recording_finished(mesh: InProcessMesh) -> None:
+    record = await mesh.create(BLOCKS, SEED, PROMPT)
+    await mesh.during_block("w-a", record, BLOCKS - 1)
+    mesh.network.stop(SCHEDULER)  # its call that closes the session (and finishes the recording) waits
+    frames, digest = solo(BLOCKS, SEED, PROMPT)
+    async with asyncio.timeout(30):  # every frame pushed, the recording not finished yet
+        while (info := await mesh.stream_info(record)).frames < frames:
+            await asyncio.sleep(0.01)
+    assert not info.finished
+    mesh.restart_streamer()  # the new streamer has only the unfinished file on disk: it does not hold the session
+    mesh.network.resume(SCHEDULER)
+    await mesh.finished(record)
+
+    assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
+    info = await mesh.stream_info(record)  # the worker sent the video again before finishing it
+    assert info.finished and (info.frames, info.frames_sha256) == (frames, digest)
+    assert (mesh.data_dir / f"{record.session_id}.mp4").stat().st_size > 0
