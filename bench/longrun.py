@@ -283,10 +283,14 @@ def check_session(
     indices = [b.block_index for b in watched.blocks]
     with grpc.insecure_channel(serve.streamer) as channel:
         stub = streamer_pb2_grpc.StreamerServiceStub(channel)
-        info = stub.GetStreamInfo(
-            streamer_pb2.GetStreamInfoRequest(session_id=watched.session_id), timeout=60,
-            metadata=((INTERNAL_TOKEN_HEADER, TOKEN),),
-        )  # fmt: skip
+        try:
+            info = stub.GetStreamInfo(
+                streamer_pb2.GetStreamInfoRequest(session_id=watched.session_id), timeout=60,
+                metadata=((INTERNAL_TOKEN_HEADER, TOKEN),),
+            )  # fmt: skip
+        except grpc.RpcError as exc:  # e.g. a recording lost to a streamer restart: a failed check, reported
+            info = streamer_pb2.GetStreamInfoResponse()
+            watched.error = watched.error or f"stream info: {exc.code().name}: {exc.details()}"
     recording = workdir / f"{watched.session_id}.mp4"
     try:
         with Client(serve.address, timeout=120) as client:

@@ -36,3 +36,8 @@ class RecordingNotReady(StreamerError):
 
 class EncoderFailed(StreamerError):
     """The session's encoder or recorder broke; the session cannot continue."""
+
+
+class ShuttingDown(StreamerError):
+    """The streamer drains (SIGTERM): its open sessions' recordings are being closed unfinished, so it
+    takes no more frames or finishes; the sender tries again and the next streamer gets the video."""

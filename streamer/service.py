@@ -27,6 +27,7 @@ from streamer.errors import (
     RecordingNotReady,
     SessionFinished,
     SessionNotFound,
+    ShuttingDown,
     StreamerError,
     StreamStartsMidway,
 )
@@ -48,6 +49,7 @@ _STATUS: dict[type[StreamerError], grpc.StatusCode] = {
     RecordingNotReady: grpc.StatusCode.FAILED_PRECONDITION,
     EncoderFailed: grpc.StatusCode.INTERNAL,
     StreamStartsMidway: grpc.StatusCode.OUT_OF_RANGE,  # the worker re-sends the video from frame 0
+    ShuttingDown: grpc.StatusCode.UNAVAILABLE,  # the worker waits for the next streamer process
 }
 
 
@@ -68,6 +70,8 @@ def _reason(error: StreamerError) -> str:
         return error.field
     if isinstance(error, StreamStartsMidway):
         return "frame_index"
+    if isinstance(error, ShuttingDown):
+        return "shutting_down"
     return "finished" if isinstance(error, SessionFinished) else "encoder_failed"
 
 
@@ -103,6 +107,7 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
         self.live = LiveRegistry(config.live, link.report)
         link.registry = self.live
         self._sessions: dict[str, StreamSession] = {}
+        self.draining = False  # set on SIGTERM: no more frames or finishes (see `drain`)
         SESSIONS_ACTIVE.set_function(self._active_sessions)
 
     def _active_sessions(self) -> int:
@@ -149,6 +154,7 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
         async for request in request_iterator:
             frame = request.frame
             try:
+                self._refuse_while_draining()
                 session = self._session_for(frame)
                 if isinstance(session, FinishedRecording):
                     admission = session.admit(frame)
@@ -167,6 +173,10 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
                 FRAMES_DUPLICATE.inc()
         return streamer_pb2.PushFramesResponse(accepted=accepted, duplicates=duplicates)
 
+    def _refuse_while_draining(self) -> None:
+        if self.draining:  # a session finalized by the drain must not look finished to its worker
+            raise ShuttingDown("the streamer is shutting down; retry: the next streamer takes the session's video")
+
     async def _finish(self, session: StreamSession | FinishedRecording, persist: bool = True) -> int:
         if isinstance(session, FinishedRecording):
             return session.manifest.frames  # a FinishStream repeated after a restart
@@ -180,6 +190,7 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
         self, request: streamer_pb2.FinishStreamRequest, context: grpc.aio.ServicerContext
     ) -> streamer_pb2.FinishStreamResponse:
         try:
+            self._refuse_while_draining()
             frames = await self._finish(self._session(request.session_id))
         except StreamerError as error:
             await _abort(context, error)
@@ -236,7 +247,10 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
 
     async def drain(self) -> None:
         """On shutdown: stop the live outputs now, then finalize every open session's MP4. No manifest:
-        those sessions did not end, their workers re-send them to the next streamer, which records them whole."""
+        those sessions did not end, their workers re-send them to the next streamer, which records them whole.
+        From the start it refuses frames and finishes (UNAVAILABLE): a frame pushed after its session was
+        finalized here would otherwise be refused as past a finished session, failing the session."""
+        self.draining = True
         self.link.close()
         await self.live.shutdown()
         open_sessions = [session for session in self._sessions.values() if not session.finalized]

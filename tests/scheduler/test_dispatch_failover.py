@@ -212,3 +212,18 @@ async def test_a_streamer_restarted_after_the_last_frame_still_gets_the_recordin
     info = await mesh.stream_info(record)  # the worker sent the video again before finishing it
     assert info.finished and (info.frames, info.frames_sha256) == (frames, digest)
     assert (mesh.data_dir / f"{record.session_id}.mp4").stat().st_size > 0
+
+
+@in_mesh(["w-a"])
+async def test_a_session_rides_out_a_streamer_that_drains_and_restarts_mid_session(mesh: InProcessMesh) -> None:
+    blocks = 10
+    record = await mesh.create(blocks, SEED, PROMPT)
+    await mesh.during_block("w-a", record, 3)
+    await mesh.streamer.drain()  # SIGTERM: the open recording is closed unfinished
+    await asyncio.sleep(0.5)  # the worker's next frames meet the draining streamer meanwhile
+    mesh.restart_streamer()
+    await mesh.finished(record)
+
+    assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
+    info = await mesh.stream_info(record)  # the new streamer got the video from frame 0 (backfill), then the rest
+    assert info.finished and (info.frames, info.frames_sha256) == solo(blocks, SEED, PROMPT)
