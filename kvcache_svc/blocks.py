@@ -52,9 +52,11 @@ def _index_key(session_id: str, page: int = 0) -> str:
     return base if page == 0 else f"{base}/{page:06d}"
 
 
-def session_key(session_id: str) -> str:
-    """The key whose expiry is the session's: its keys added after a release follow the same clock."""
-    return _index_key(session_id)
+async def session_ttl(store: Store, session_id: str) -> float | None:
+    """The TTL for a key the session adds now: None while it runs; once it is released (its keys
+    expire), the session's remaining time, so that a key added late follows the same clock."""
+    ttl = await store.ttl(_index_key(session_id))
+    return None if ttl is None else max(ttl, MIN_TTL_S)
 
 
 def _block_key(session_id: str, block_index: int, digest: str) -> str:
@@ -95,9 +97,7 @@ class BlockStore:
             return False
         if existing is not None:
             raise conflict(existing)
-        # A released session's keys expire; blocks committed after the release follow the same clock.
-        ttl = await self.store.ttl(session_key(session_id))
-        ttl = None if ttl is None else max(ttl, MIN_TTL_S)
+        ttl = await session_ttl(self.store, session_id)
         block_key = _block_key(session_id, block.block_index, digest)
         await self.store.put(block_key, payload, ttl_s=ttl)
         added = False

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from inferix.api.v1 import kvcache_pb2
 from inferix.store import Store
-from kvcache_svc.blocks import MIN_TTL_S, session_key
+from kvcache_svc.blocks import session_ttl
 from kvcache_svc.errors import InvalidRequestError, NotFoundError, PreconditionError
 from kvcache_svc.registry import require_id
 
@@ -73,7 +73,7 @@ class SnapshotStore:
                     f"pieces but {have} were put: put every piece first"
                 )
         payload = snapshot.SerializeToString()
-        ttl = await self._ttl(session_id)
+        ttl = await session_ttl(self.store, session_id)
         kept = False
         replaced: kvcache_pb2.KVSnapshot | None = None
 
@@ -102,7 +102,7 @@ class SnapshotStore:
             raise InvalidRequestError(
                 f"snapshot piece {index} of session {session_id!r}: next_block must be >= 1 and the data non-empty"
             )
-        ttl = await self._ttl(session_id)
+        ttl = await session_ttl(self.store, session_id)
         ttl = PENDING_PIECE_TTL_S if ttl is None else min(ttl, PENDING_PIECE_TTL_S)
         await self.store.put(_piece_key(session_id, next_block, index), data, ttl_s=ttl)
 
@@ -115,11 +115,6 @@ class SnapshotStore:
                 "(a newer snapshot replaced it, or it expired)"
             )
         return data
-
-    async def _ttl(self, session_id: str) -> float | None:
-        """A released session's keys expire; a late snapshot follows its committed blocks' clock."""
-        ttl = await self.store.ttl(session_key(session_id))
-        return None if ttl is None else max(ttl, MIN_TTL_S)
 
     async def _expire_pieces(self, session_id: str, next_block: int, pieces: int, ttl_s: float | None) -> None:
         for index in range(pieces):

@@ -12,15 +12,19 @@ from scheduler.sessions import HISTORY_EVENTS, MAX_UNREAD_EVENTS, SessionRecord
 from scheduler.validation import validate_spec
 
 
+def toyworld_session(session_id: str, num_blocks: int) -> SessionRecord:
+    prompts = [common_pb2.PromptChange(at_block=0, text="a ball")]
+    valid = validate_spec(
+        common_pb2.SessionSpec(model="toyworld", num_blocks=num_blocks, prompts=prompts),
+        {"toyworld": load_preset("toyworld")},
+        2,
+    )
+    return SessionRecord(session_id, "alice", valid, common_pb2.PlaybackUrls())
+
+
 def test_a_client_that_does_not_read_is_cut_off_and_a_reader_is_not() -> None:
     async def scenario() -> None:
-        prompts = [common_pb2.PromptChange(at_block=0, text="a ball")]
-        valid = validate_spec(
-            common_pb2.SessionSpec(model="toyworld", num_blocks=4, prompts=prompts),
-            {"toyworld": load_preset("toyworld")},
-            2,
-        )
-        record = SessionRecord("s1", "alice", valid, common_pb2.PlaybackUrls())
+        record = toyworld_session("s1", 4)
         idle, reader = record.subscribe(0), record.subscribe(0)
         backlog = idle.qsize()
         read = 0
@@ -39,13 +43,7 @@ def test_a_client_that_does_not_read_is_cut_off_and_a_reader_is_not() -> None:
 
 def test_an_hour_long_session_keeps_only_its_latest_events_for_clients_that_attach_later() -> None:
     async def scenario() -> None:
-        prompts = [common_pb2.PromptChange(at_block=0, text="a ball")]
-        valid = validate_spec(
-            common_pb2.SessionSpec(model="toyworld", num_blocks=0, prompts=prompts),
-            {"toyworld": load_preset("toyworld")},
-            2,
-        )
-        record = SessionRecord("s1", "alice", valid, common_pb2.PlaybackUrls())
+        record = toyworld_session("s1", 0)
         blocks = 3 * HISTORY_EVENTS  # about 19,000 at an hour of toyworld: the memory is the same
         for i in range(blocks):
             record.announce(common_pb2.BlockEvent(block_index=i, first_frame=3 * i, num_frames=3))
@@ -56,7 +54,7 @@ def test_an_hour_long_session_keeps_only_its_latest_events_for_clients_that_atta
         again = record.subscribe(blocks - 5)  # re-attaching after block blocks - 6: no event twice
         assert [again.get_nowait().block.block_index for _ in range(again.qsize())] == list(range(blocks - 5, blocks))
         # A restarted scheduler puts the worker's blocks before its own events; the oldest drop out.
-        resumed = SessionRecord("s2", "alice", valid, common_pb2.PlaybackUrls())
+        resumed = toyworld_session("s2", 0)
         resumed.announced_blocks = blocks
         resumed.set_state(common_pb2.SESSION_STATE_RUNNING, "resumed by a restarted scheduler")
         resumed.restore_history([common_pb2.BlockEvent(block_index=i) for i in range(blocks)])

@@ -58,7 +58,7 @@ from engine.kv.pool import KVPool
 from engine.kv.session_cache import SessionUsage
 from engine.noise import SeededNoise
 from engine.parallel.pod_driver import PodDriver, PodSession
-from engine.session_tail import SessionTail
+from engine.session_tail import BlockLoop, SessionTail
 from engine.snapshot import SessionSnapshot, SnapshotMismatch, dataclass_tree, fill_dataclass
 from inferix.errors import UserError
 from inferix.profiling import profile
@@ -81,18 +81,9 @@ class SessionCache(Protocol):
     def usage(self) -> SessionUsage: ...
 
 
-class BlockSession(Protocol):
+class BlockSession(BlockLoop, Protocol):
     """The block loop of one session, in this process (`WanLoop`) or on every rank of a
     worker pod (`PodSession`)."""
-
-    @property
-    def session_id(self) -> str: ...
-
-    @property
-    def next_block_index(self) -> int: ...
-
-    @property
-    def finished(self) -> bool: ...
 
     @property
     def cache(self) -> SessionCache: ...
