@@ -20,6 +20,7 @@ class SchedulerConfig:
     default_lookahead: int = 2
     block_deadline_s: float = 600.0
     internal_deadline_s: float = 30.0
+    # Failures of a session's worker in a row (no block made between them) that are recovered; one more fails it.
     max_recoveries: int = 3
     admission_retry_s: float = 1.0
     # A worker busy with a call is probed (gRPC health) this often; this many missed probes in a row

@@ -236,6 +236,7 @@ class Dispatcher:
                 sent_ahead = self._send(record, sent.block + 1, schedule) if may else None
                 try:
                     await self._finish(record, sent)
+                    recoveries = 0  # a block was made: only failures in a row end a session (hours long)
                 except Exception as exc:
                     if sent_ahead is not None:
                         await self._withdraw(record, sent_ahead)

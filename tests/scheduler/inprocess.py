@@ -176,13 +176,13 @@ class InProcessMesh:
             self.dispatcher.start(record)
         return record
 
-    async def during_block(self, worker_id: str, record: SessionRecord, block: int) -> None:
-        """Return while `worker_id` computes the session's `block`."""
+    async def during_block(self, worker_id: str, record: SessionRecord, block: int | None) -> None:
+        """Return while `worker_id` computes the session's `block` (None: any block, i.e. its first)."""
         async with asyncio.timeout(30):
             while True:
                 session = self.workers[worker_id].sessions.get(record.session_id)
                 computing = None if session is None else session.computing
-                if computing is not None and computing.request.block_index == block:
+                if computing is not None and block in (None, computing.request.block_index):
                     return
                 await asyncio.sleep(0.001)
 

@@ -154,23 +154,37 @@ async def test_a_session_whose_only_worker_dies_fails_with_the_reason_and_frees_
 
 
 @in_mesh(["w-a", "w-b", "w-c"], with_config(max_recoveries=1))
-async def test_a_failure_beyond_max_recoveries_ends_the_session_as_failed(mesh: InProcessMesh) -> None:
+async def test_a_failure_in_a_row_beyond_max_recoveries_ends_the_session_as_failed(mesh: InProcessMesh) -> None:
     record = await mesh.create(BLOCKS, SEED, PROMPT)
-    await mesh.during_block("w-a", record, 1)
+    await mesh.during_block("w-a", record, 2)
     mesh.network.kill("w-a")
-    await mesh.during_block("w-b", record, 3)
-    mesh.network.kill("w-b")  # the second failure: one more than allowed
+    await mesh.during_block("w-b", record, None)  # its first block after the take-over
+    mesh.network.kill("w-b")  # the second failure with no block made since the first: one more than allowed
     await mesh.finished(record)
 
     assert record.state == common_pb2.SESSION_STATE_FAILED
     assert "UNAVAILABLE" in record.error
     events = announced(record)
+    assert [(e.block_index, e.worker_id) for e in events] == [(i, "w-a") for i in range(_answered(events, "w-a", 2))]
+    assert all(not reservations for _, _, reservations in (await _view(mesh)).values())
+
+
+@in_mesh(["w-a", "w-b", "w-c"], with_config(max_recoveries=1))
+async def test_failures_with_blocks_made_between_them_do_not_add_up(mesh: InProcessMesh) -> None:
+    """An hours-long session outlives any number of failures, as long as each is recovered."""
+    record = await mesh.create(BLOCKS, SEED, PROMPT)
+    await mesh.during_block("w-a", record, 1)
+    mesh.network.kill("w-a")
+    await mesh.during_block("w-b", record, 3)
+    mesh.network.kill("w-b")  # the second failure, after w-b made blocks: recovered again
+    await mesh.finished(record)
+
+    assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
+    events = await _assert_made_once_as_alone(mesh, record)
     on_a = _answered(events, "w-a", 1)
     on_b = _answered(events, "w-b", 3) - on_a
-    assert [(e.block_index, e.worker_id) for e in events] == [(i, "w-a") for i in range(on_a)] + [
-        (on_a + i, "w-b") for i in range(on_b)
-    ]
-    assert all(not reservations for _, _, reservations in (await _view(mesh)).values())
+    assert on_b > 0
+    assert [e.worker_id for e in events] == ["w-a"] * on_a + ["w-b"] * on_b + ["w-c"] * (BLOCKS - on_a - on_b)
 
 
 @in_mesh(["w-a", "w-b"], snapshot_every=4, snapshot_piece_bytes=64 * 1024)
