@@ -12,9 +12,19 @@ metrics it also prints the sessions per batched forward, where a served block's 
 worker's `inferix_worker_block_stage_seconds`: scheduler round trip, admission, compute, frame
 publishing, commit) and what the worker's engine thread did with its wall time
 (`inferix_worker_engine_seconds_total`: forwards, decodes, the rest of the steps, gaps between
-steps, idle).
+steps, idle), and the CPU each process used over the run (worker, streamer, scheduler, kvcache_svc,
+the clients in this process; in-engine: this process), as % of all cores: on a small machine the
+other services' share is CPU the worker's torch threads do not get.
 
     python -P bench/served.py [--sessions 1 2 4 8] [--blocks 24] [--threads 2] [--before DIR] [--repeats R]
+    python -P bench/served.py --model mid --sessions 1 --blocks 8 --repeats 3
+
+`--model mid`: a mid-size DiT where one session fills a forward (dim 384, 6 layers, 448 tokens per
+latent frame at 224x512, 4 denoising steps and a context pass per block, as Self Forcing), served
+from a model folder this bench writes to a temporary folder: toyworld's trained VAE, text encoder
+and tokenizer with a seeded random DiT of that size (its frames are noise; only speed is measured).
+One session at a time: the scheduler counts a session's KV pages by the preset's own (64x64) size,
+168 pages at 224x512 against the 12 the worker uses, so a second one finds no room.
 
 (`-P`: this folder's bench/engine_speed.py must not shadow the `engine` package.)
 """
@@ -36,20 +46,48 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+import yaml
+from safetensors.torch import save_file
 
+from engine.checkpoint import seeded_state_dict
+from engine.families.wan.dit import CausalWanDiT
 from engine.families.wan.engine import WanEngine
 from engine.families.wan.loader import load_wan_model
 from inferix.client import BlockDone, Client, StateChanged
+from inferix.spec.presets import load_preset
 from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 
-FRAMES_PER_BLOCK = 3  # toyworld: a latent frame is a video frame
+FRAMES_PER_BLOCK = 3  # toyworld's patch VAE: a latent frame is a video frame
 ROOT = Path(__file__).resolve().parent.parent
+TOYWORLD = ROOT / "engine" / "families" / "wan" / "weights" / "toyworld"
+# bench/batching.py's and bench/engine_speed.py's mid-size DiT, at 224x512 (28x64 latents, 448 tokens).
+MID_OVERRIDES = {
+    "dit": {"dim": 384, "ffn_dim": 1536, "num_heads": 6, "num_layers": 6, "freq_dim": 256},
+    "pipeline": {"sampling": {"denoising_steps": [1000, 750, 500, 250]}},
+    "video": {"height": 224, "width": 512},
+}
 
 
-def in_engine_fps(engine: WanEngine, n: int, blocks: int) -> float:
+def write_mid_model(folder: Path) -> Path:
+    """A model folder of the mid-size DiT: toyworld's model.yaml with MID_OVERRIDES, a seeded random
+    DiT checkpoint of that size, toyworld's other files linked."""
+    folder.mkdir(parents=True)
+    config = yaml.safe_load((TOYWORLD / "model.yaml").read_text())
+    config.update(MID_OVERRIDES)
+    config["files"] = {"dit": ["mid_dit.safetensors"]}
+    (folder / "model.yaml").write_text(yaml.safe_dump(config))
+    dit_config = load_preset(config.pop("preset"), config).dit
+    for name in ("toyworld_vae.safetensors", "toyworld_text_encoder.safetensors", "tokenizer"):
+        (folder / name).symlink_to(TOYWORLD / name)
+    save_file(seeded_state_dict(lambda: CausalWanDiT(dit_config), seed=0), str(folder / "mid_dit.safetensors"))
+    return folder
+
+
+def in_engine_fps(engine: WanEngine, n: int, blocks: int) -> tuple[float, float]:
+    """Frames/s of N sessions batched in this process, and the CPU it used (% of all cores)."""
     sessions = [engine.open(f"a ball number {i}", seed=i, num_blocks=blocks) for i in range(n)]
     batcher = engine.batcher()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     with torch.no_grad():
         for _ in range(blocks):
             for session in sessions:
@@ -57,17 +95,24 @@ def in_engine_fps(engine: WanEngine, n: int, blocks: int) -> float:
             while batcher.busy:
                 batcher.step()
     seconds = time.perf_counter() - began
+    share = 100 * (time.process_time() - cpu) / (seconds * (os.cpu_count() or 1))
     for session in sessions:
         session.close()
-    return n * blocks * FRAMES_PER_BLOCK / seconds
+    return n * blocks * FRAMES_PER_BLOCK / seconds, share
 
 
-def served_fps(client: Client, n: int, blocks: int) -> float:
-    """N sessions created at once (concurrent calls, as N clients would), followed to their end."""
+def served_fps(client: Client, n: int, blocks: int, size: tuple[int, int]) -> float:
+    """N sessions of `size` (width, height) created at once (concurrent calls, as N clients would),
+    followed to their end. The size is explicit: the scheduler knows a model by its preset's name,
+    and the mid-size folder changes that preset's native size."""
     began = time.perf_counter()
+
+    def create(i: int) -> str:
+        info = client.create_session(f"a ball number {i}", num_blocks=blocks, seed=i, width=size[0], height=size[1])
+        return info.session_id
+
     with ThreadPoolExecutor(n) as pool:
-        infos = pool.map(lambda i: client.create_session(f"a ball number {i}", num_blocks=blocks, seed=i), range(n))
-        ids = [info.session_id for info in infos]
+        ids = list(pool.map(create, range(n)))
     frames = 0
     for session_id in ids:
         for event in client.events(session_id):
@@ -76,6 +121,25 @@ def served_fps(client: Client, n: int, blocks: int) -> float:
             if isinstance(event, StateChanged) and event.state in ("completed", "failed", "cancelled"):
                 assert event.state == "completed", event
     return frames / (time.perf_counter() - began)
+
+
+def cpu_seconds(mesh: Mesh) -> dict[str, float]:
+    """CPU time (user + system) so far of the worker, the rest of the mesh, and this process (the
+    clients following the sessions): what shares the machine's cores with the worker's engine."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def of(pid: int) -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    times = os.times()
+    return {
+        "worker": of(mesh.workers[0].pid),
+        "streamer": of(mesh.streamer.pid),
+        "scheduler": of(mesh.scheduler.pid),
+        "kvcache": of(mesh.kvcache.pid),
+        "client": times.user + times.system,
+    }
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -87,6 +151,7 @@ def scrape(port: int) -> dict[str, float]:
     return values
 
 
+CPU_PARTS = ("worker", "streamer", "scheduler", "kvcache", "client")
 STAGES = ("dispatch", "admit", "compute", "publish", "commit")
 PARTS = ("forward", "decode", "step", "gap")
 
@@ -108,13 +173,14 @@ def breakdown(before: dict[str, float], after: dict[str, float], seconds: float)
     return out
 
 
-def start(workdir: Path, threads: int, probe: int = 0, tree: Path | None = None) -> Mesh:
-    """One worker; `probe`: its start-up capacity probe's sessions at most (0: none, 64 streams claimed
-    so that admission never queues a session of the bench); `tree`: the source tree its services run
-    from (default: this one)."""
+def start(workdir: Path, threads: int, model: Path | None, probe: int = 0, tree: Path | None = None) -> Mesh:
+    """One worker of `model` (None: toyworld); `probe`: its start-up capacity probe's sessions at most
+    (0: none, 64 streams claimed so that admission never queues a session of the bench); `tree`: the
+    source tree its services run from (default: this one)."""
     config = MeshConfig(
         workdir=workdir,
         workers=1,
+        model=model,
         worker_threads=threads,
         lookahead=100_000,
         realtime_streams=0 if probe else 64,
@@ -125,9 +191,9 @@ def start(workdir: Path, threads: int, probe: int = 0, tree: Path | None = None)
     return start_mesh(config)
 
 
-def probed_streams(workdir: Path, threads: int) -> float:
+def probed_streams(workdir: Path, threads: int, model: Path | None) -> float:
     """The real-time streams a fresh worker's capacity probe claims (up to 8 sessions)."""
-    mesh = start(workdir, threads, probe=8)
+    mesh = start(workdir, threads, model, probe=8)
     try:
         values = scrape(mesh.workers[0].metrics_port or 0)
         return max(v for k, v in values.items() if k.startswith("inferix_worker_realtime_streams{"))
@@ -137,6 +203,12 @@ def probed_streams(workdir: Path, threads: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model",
+        choices=["toyworld", "mid"],
+        default="toyworld",
+        help="toyworld (default) or the mid-size DiT of a model folder this bench writes (see above)",
+    )
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--blocks", type=int, default=24, help="blocks per session (default 24: 4.5 s of video)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads in-engine and of the worker (default 2)")
@@ -155,49 +227,60 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = WanEngine(load_wan_model("toyworld"))
-    in_engine_fps(engine, 1, 2)  # warm-up
     trees = {"now": ROOT, **({"before": args.before.resolve()} if args.before else {})}
     rows: dict[str, list[tuple[int, dict[str, float]]]] = {name: [] for name in trees}
     with tempfile.TemporaryDirectory() as tmp:
+        model = write_mid_model(Path(tmp) / "mid") if args.model == "mid" else None
+        engine = WanEngine(load_wan_model(model or "toyworld"))
+        in_engine_fps(engine, 1, 2)  # warm-up
+        size = (engine.model.width, engine.model.height)
         # The services' `python -m` puts their working folder first on their path, before PYTHONPATH.
         os.chdir(tmp)
-        meshes = {name: start(Path(tmp) / name, args.threads, tree=tree) for name, tree in trees.items()}
+        meshes = {name: start(Path(tmp) / name, args.threads, model, tree=tree) for name, tree in trees.items()}
         try:
             clients = {name: Client(mesh.address, timeout=900) for name, mesh in meshes.items()}
             for client in clients.values():
-                served_fps(client, 1, 2)  # warm-up
+                served_fps(client, 1, 2, size)  # warm-up
             for n in args.sessions:
-                engine_fps = 0.0
+                engine_fps, engine_cpu = 0.0, 0.0
                 best: dict[str, dict[str, float]] = {}
                 for _ in range(args.repeats):
-                    engine_fps = max(engine_fps, in_engine_fps(engine, n, args.blocks))
+                    fps, share = in_engine_fps(engine, n, args.blocks)
+                    if fps > engine_fps:
+                        engine_fps, engine_cpu = fps, share
                     for name, mesh in meshes.items():
                         port = mesh.workers[0].metrics_port or 0
-                        before, began = scrape(port), time.perf_counter()
-                        fps = served_fps(clients[name], n, args.blocks)
+                        before, cpu, began = scrape(port), cpu_seconds(mesh), time.perf_counter()
+                        fps = served_fps(clients[name], n, args.blocks, size)
                         window = time.perf_counter() - began
                         row = {"served": fps, **breakdown(before, scrape(port), window)}
+                        cores = os.cpu_count() or 1
+                        for part, spent in cpu_seconds(mesh).items():  # % of all cores over the run
+                            row[f"cpu {part}"] = 100 * (spent - cpu[part]) / (window * cores)
                         print(f"{name} N={n}: " + ", ".join(f"{k} {v:.1f}" for k, v in row.items()), flush=True)
                         if name not in best or fps > best[name]["served"]:
                             best[name] = row
-                print(f"in-engine N={n}: {engine_fps:.1f} (best of {args.repeats})", flush=True)
+                print(f"in-engine N={n}: {engine_fps:.1f} (best of {args.repeats}), CPU {engine_cpu:.1f}%", flush=True)
                 for name in meshes:
-                    rows[name].append((n, {"engine": engine_fps, **best[name]}))
+                    rows[name].append((n, {"engine": engine_fps, "cpu engine": engine_cpu, **best[name]}))
             for client in clients.values():
                 client.close()
         finally:
             for mesh in meshes.values():
                 mesh.stop()
-        claimed = probed_streams(Path(tmp) / "probe", args.threads)
+        claimed = probed_streams(Path(tmp) / "probe", args.threads, model)
     fps = float(engine.model.fps)
     for name, tree in trees.items():
-        print(f"\n{name} ({tree}): toyworld, {args.blocks} blocks/session, {args.threads} torch threads, one worker")
-        print(f"{'N':>3} {'in-engine fps':>14} {'served fps':>11} {'served/engine':>14} {'sessions/forward':>17}")
+        print(f"\n{name} ({tree}): {args.model}, {args.blocks} blocks/session, {args.threads} torch threads, 1 worker")
+        print(
+            f"{'N':>3} {'in-engine fps':>14} {'served fps':>11} {'served/engine':>14} {'sessions/forward':>17}"
+            "   CPU, % of all cores: in-engine | served: worker / streamer / scheduler / kvcache_svc / clients"
+        )
         for n, row in rows[name]:
             print(
                 f"{n:>3} {row['engine']:>14.1f} {row['served']:>11.1f} {row['served'] / row['engine']:>13.2f}x "
-                f"{row['batch']:>17.2f}"
+                f"{row['batch']:>17.2f}   {row['cpu engine']:.1f}% | "
+                + " / ".join(f"{row['cpu ' + part]:.1f}%" for part in CPU_PARTS)
             )
         print("per served block, mean ms by stage; the worker's engine thread, % of its wall time by part")
         print(f"{'N':>3} " + " ".join(f"{s:>9}" for s in STAGES) + " " + " ".join(f"{p:>8}" for p in (*PARTS, "idle")))
