@@ -1,9 +1,12 @@
 """Long runs of the whole mesh under `inferix serve` with Redis (issue 41): a soak and a chaos run.
 
 soak  (`make soak`, SOAK_MINUTES, default 60): one toyworld session of that many minutes of video,
-      paced in real time as a watched session is, watched over the SDK's event stream and recorded
-      by the streamer; the worker making it is SIGKILLed at half time and the scheduler at three
-      quarters (`inferix serve` restarts both).
+      paced in real time as a watched session is, watched over WebRTC by its viewer page in headless
+      Chromium (`--chromium`; Debian's chromium) and over the SDK's event stream, and recorded by
+      the streamer; the worker making it is SIGKILLed at half time and the scheduler at three
+      quarters (`inferix serve` restarts both). The page's figures: frames decoded, the freezes
+      Chromium counted in the video it showed (WebRTC `freezeCount`, `totalFreezesDuration`) and
+      when, and the streamer's underruns as the page shows them.
 chaos (`make chaos`, CHAOS_MINUTES, default 10): 6 sessions of that many minutes of video each (paced
       in real time as far as two workers keep up; `--blocks` to set their length) while a
       random process of the mesh (a worker, the scheduler, kvcache_svc, the streamer, Redis) gets
@@ -42,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from playwright.sync_api import Page, sync_playwright
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
 from inferix.client import BlockDone, Client, StateChanged
@@ -254,6 +258,88 @@ def watch(address: str, watched: Watch, on_block: Callable[[BlockDone], None] | 
         watched.error = f"{type(exc).__name__}: {exc}"
 
 
+# Headless Chromium as the brief's facts say it runs here (no sandbox as root, no GPU, autoplay).
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--autoplay-policy=no-user-gesture-required"]  # fmt: skip
+# What the viewer page saw: its inbound video's WebRTC stats and the stream status it polls.
+PAGE_STATS = """async () => {
+  let video = {};
+  if (inferixViewer.pc) {
+    (await inferixViewer.pc.getStats()).forEach((s) => {
+      if (s.type === "inbound-rtp" && s.kind === "video") video = s;
+    });
+  }
+  const stream = (inferixViewer.status && inferixViewer.status.stream) || {};
+  return {frames_decoded: video.framesDecoded || 0, frames_dropped: video.framesDropped || 0,
+          freezes: video.freezeCount || 0, freeze_s: video.totalFreezesDuration || 0,
+          underruns: stream.underruns || 0, underrun_s: stream.underrun_s || 0, ended: !!stream.ended};
+}"""
+
+
+@dataclass
+class PageWatch:
+    """A session's viewer page in headless Chromium for the whole run, its stats read every few
+    seconds (Playwright's sync API stays on the one thread that started it). The browser starts
+    before the session is created, so that the page, opened once its URL exists, misses as little of
+    the video's start as a viewer would."""
+
+    chromium: str
+    url: str = ""
+    began: float = field(default_factory=time.monotonic)
+    last: dict[str, float] = field(default_factory=dict)
+    freezes_at_s: list[float] = field(default_factory=list)  # run time of each new freeze Chromium counted
+    error: str = ""
+    _ready: threading.Event = field(default_factory=threading.Event)
+    _opened: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self, timeout_s: float = 120.0) -> PageWatch:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(timeout_s)
+        return self
+
+    def open(self, url: str) -> None:
+        self.url = url
+        self._opened.set()
+
+    def _run(self) -> None:
+        try:
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path=self.chromium, args=CHROMIUM_FLAGS)
+                page = browser.new_page()
+                self._ready.set()
+                self._opened.wait()
+                if self.url:
+                    page.goto(self.url)
+                    while not self._stop.wait(5.0):
+                        self._sample(page)
+                        if self.last.get("ended"):
+                            break
+                    self._sample(page)
+                browser.close()
+        except Exception as exc:  # noqa: BLE001 - reported as a failed check
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._ready.set()
+
+    def _sample(self, page: Page) -> None:
+        stats = page.evaluate(PAGE_STATS)
+        new = int(stats["freezes"]) - int(self.last.get("freezes", 0))
+        self.freezes_at_s += [round(time.monotonic() - self.began, 1)] * max(new, 0)
+        self.last = stats
+
+    def stop(self, timeout_s: float = 120.0) -> dict[str, object]:
+        """Wait for the page to show the stream's end (bounded), then its figures."""
+        assert self._thread is not None
+        self._opened.set()
+        self._thread.join(timeout_s)
+        self._stop.set()
+        self._thread.join(60)
+        return {**self.last, "freezes_at_s": self.freezes_at_s, "error": self.error}
+
+
 def solo_digest(prompt: str, blocks: int, seed: int) -> str:
     """sha256 of the frames `inferix generate` makes for the same session, in its own process."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -326,7 +412,7 @@ def recovery_after(kill_at: float, watches: list[Watch]) -> float | None:
     return round(min(made) - kill_at, 3) if made else None
 
 
-def soak(minutes: float, workdir: Path) -> dict[str, object]:
+def soak(minutes: float, workdir: Path, chromium: str) -> dict[str, object]:
     blocks = max(8, round(minutes * 60 * FPS / FRAMES_PER_BLOCK))
     prompt, seed = PROMPTS[0], 41
     redis = Redis(workdir)
@@ -335,9 +421,12 @@ def soak(minutes: float, workdir: Path) -> dict[str, object]:
     sampler.start()
     kills: list[dict[str, object]] = []
     kill_times: list[float] = []
+    viewer = PageWatch(chromium).start()
+    page: dict[str, object] = {}
     try:
         with Client(serve.address, timeout=120) as client:
             info = client.create_session(prompt, num_blocks=blocks, seed=seed)
+        viewer.open(info.viewer_url)
         watched = Watch(info.session_id)
         plan = [(blocks // 2, "worker"), (3 * blocks // 4, "scheduler")]
 
@@ -352,17 +441,25 @@ def soak(minutes: float, workdir: Path) -> dict[str, object]:
                     kills.append({"at_block": block.block_index, "service": service, "signal": "SIGKILL"})
 
         watch(serve.address, watched, on_block)
+        page = viewer.stop()
         digest = solo_digest(prompt, blocks, seed)
         row = check_session(serve, watched, prompt, seed, blocks, digest, workdir)
     finally:
+        page = page or viewer.stop(0)
         rss = sampler.stop()
         code = serve.stop()
         redis.stop()
     for kill, at in zip(kills, kill_times, strict=True):
         kill["recovery_s"] = recovery_after(at, [watched])
-    ok = bool(row["ok"]) and len(kills) == 2 and code == 0
+        kill["at_s"] = round(at - viewer.began, 1)  # on the clock of the page's `freezes_at_s`
+    # The page must have played the video to its end. It joins the stream a moment after the session
+    # starts (page load, WebRTC set-up), so it may miss the first second or so: 90% of the frames.
+    decoded, dropped = (int(str(page.get(key, 0))) for key in ("frames_decoded", "frames_dropped"))
+    page["frames_of_video"] = blocks * FRAMES_PER_BLOCK
+    shown = bool(page.get("ended")) and decoded + dropped >= 0.9 * blocks * FRAMES_PER_BLOCK
+    ok = bool(row["ok"]) and len(kills) == 2 and code == 0 and not page["error"] and shown
     return {"run": "soak", "minutes": minutes, "blocks": blocks, "ok": ok, "sessions": [row], "kills": kills,
-            "serve_exit": code, "rss": rss}  # fmt: skip
+            "page": page, "serve_exit": code, "rss": rss}  # fmt: skip
 
 
 def chaos(minutes: float, blocks: int, seed: int, interval: tuple[float, float], workdir: Path) -> dict[str, object]:
@@ -434,6 +531,7 @@ def main() -> None:
     parser.add_argument("--interval", default="10,20", metavar="MIN,MAX",
                         help="chaos: seconds between two kills, drawn uniformly (default 10,20)")  # fmt: skip
     parser.add_argument("--workdir", type=Path, help="keep logs and recordings here (default: a temporary folder)")
+    parser.add_argument("--chromium", default="/usr/bin/chromium", help="soak: the browser that watches the session")
     args = parser.parse_args()
     for tool in ("redis-server", "ffprobe"):
         if shutil.which(tool) is None:
@@ -442,7 +540,7 @@ def main() -> None:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         if args.run == "soak":
-            report = soak(args.minutes or 60.0, workdir)
+            report = soak(args.minutes or 60.0, workdir, args.chromium)
         else:
             minutes = args.minutes or 10.0
             low, high = (float(x) for x in args.interval.split(","))

@@ -1,9 +1,11 @@
 """Short versions of issue 41's soak and chaos run (`make soak`, `make chaos`: bench/longrun.py), so that
 their paths stay covered: `inferix serve` on a real redis-server, real processes killed by pid.
 
-- soak: one session of 15 s of video, watched; its worker SIGKILLed at half time and the scheduler at
-  three quarters; it completes with every block once, the frames of a solo `inferix generate`, a
-  downloadable recording of as many frames, and both recoveries timed;
+- soak: one session of 15 s of video, watched by its viewer page in headless Chromium and over the
+  SDK; its worker SIGKILLed at half time and the scheduler at three quarters; it completes with every
+  block once, the frames of a solo `inferix generate`, a downloadable recording of as many frames,
+  the page plays the video to its end (90% of its frames: it joins a moment after the start), and
+  both recoveries are timed;
 - chaos: 6 sessions while random services and Redis get SIGKILL / SIGTERM every 3-6 s (seeded; the
   real run waits 10-20 s); every session completes with every block once and its solo frames,
   recordings downloadable.
@@ -40,6 +42,9 @@ def test_a_short_soak_survives_a_worker_and_a_scheduler_sigkill(tmp_path: Path) 
     assert [k["service"] == "scheduler" for k in report["kills"]] == [False, True]
     assert all(k["recovery_s"] is not None for k in report["kills"])
     assert set(report["rss"]) >= {"scheduler", "kvcache", "streamer", "worker0", "worker1", "redis"}
+    page = report["page"]
+    assert page["ended"] and not page["error"], page
+    assert page["frames_decoded"] + page["frames_dropped"] >= 0.9 * page["frames_of_video"], page
 
 
 def test_a_short_chaos_run_loses_and_repeats_nothing(tmp_path: Path) -> None:
