@@ -11,11 +11,14 @@ import grpc
 
 log = logging.getLogger("inferix.worker")
 AWAY_RETRY_S = 60.0  # how long frames and commits wait for a restarting streamer / kvcache_svc
+AWAY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 async def while_away(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
     """Run `attempt` until it succeeds, retrying with backoff for `AWAY_RETRY_S` while the other
-    service is away (UNAVAILABLE, DEADLINE_EXCEEDED: restarting); other errors are raised at once."""
+    service is away (UNAVAILABLE, DEADLINE_EXCEEDED: restarting; CANCELLED: its server stopped with
+    our call still in flight, as grpc.aio does when a drain's grace ends); other errors are raised at
+    once. (A call this task cancels raises CancelledError, not a CANCELLED status.)"""
     deadline = time.monotonic() + AWAY_RETRY_S
     delay = 0.2
     while True:
@@ -23,7 +26,7 @@ async def while_away(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
             await attempt()
             return
         except grpc.aio.AioRpcError as exc:
-            away = exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            away = exc.code() in AWAY
             if not away or time.monotonic() > deadline:
                 raise
             log.warning("%s %s; retrying", what, exc.code().name)

@@ -40,11 +40,19 @@ class _CallDetails:
     invocation_metadata: tuple[tuple[str, str], ...] = ()
 
 
+class _Aborted(Exception):
+    """A handler's `context.abort`: its status is what the caller gets."""
+
+    def __init__(self, error: grpc.aio.AioRpcError) -> None:
+        super().__init__(error.details())
+        self.error = error
+
+
 class HandlerContext:
     """What our servicers use of `grpc.aio.ServicerContext`: `abort`."""
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: object = ()) -> NoReturn:
-        raise rpc_error(code, details)
+        raise _Aborted(rpc_error(code, details))
 
 
 @dataclass
@@ -75,6 +83,7 @@ class Network:
         self.dead: set[str] = set()
         self.stopped: set[str] = set()
         self._calls: dict[str, set[asyncio.Task[Any]]] = {}
+        self._cancelled: set[asyncio.Task[Any]] = set()  # by their server stopping (`cancel_calls`)
         self._resumed: dict[str, asyncio.Event] = {}
 
     def serve(self, address: str, add: Callable[[Server], object]) -> Server:
@@ -109,7 +118,21 @@ class Network:
         """A new process at a killed one's address (as `inferix serve` restarts a service)."""
         self.servers.pop(address, None)
         self.dead.discard(address)
+        self.stopped.discard(address)
+        self._resumed.pop(address, None)
         self.serve(address, add)
+
+    def cancel_calls(self, address: str) -> None:
+        """A server that stops after its grace (grpc.aio `Server.stop`): the calls it is still
+        handling, or that wait at it while it is stopped, end CANCELLED for their callers."""
+        tasks = self._calls.pop(address, set())
+        self._cancelled.update(tasks)
+        for task in tasks:
+            task.cancel()
+
+    def calls_in_flight(self, address: str, method: str) -> int:
+        """Calls of `method` (e.g. "/inferix.v1.StreamerService/PushFrames") that `address` has not answered."""
+        return sum(task.get_name() == method for task in self._calls.get(address, set()))
 
     def stop(self, address: str) -> None:
         self.stopped.add(address)
@@ -139,32 +162,42 @@ class Network:
         server = self.servers.get(address)
         if server is None or address in self.dead:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"failed to connect to {address}")
-        await self._while_stopped(address)
         handler = server.handler(method)
         if handler is None:
             raise rpc_error(grpc.StatusCode.UNIMPLEMENTED, f"{address} does not serve {method}")
         context = contextvars.copy_context()
         context.run(PROCESS.set, address)
-        task = asyncio.get_running_loop().create_task(_run(handler, request), context=context)
+        # In flight from here, also while the process is stopped: a kill or a server stop ends it.
+        task = asyncio.get_running_loop().create_task(
+            self._handle(address, handler, request), name=method, context=context
+        )
         self._calls.setdefault(address, set()).add(task)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
+            if task in self._cancelled:
+                raise rpc_error(grpc.StatusCode.CANCELLED, "CANCELLED") from None
             if address in self.dead and task.cancelled():
                 raise rpc_error(grpc.StatusCode.UNAVAILABLE, f"{address} died during the call") from None
             task.cancel()  # the caller went away: the handler sees its call cancelled, as over gRPC
             raise
         finally:
             self._calls.get(address, set()).discard(task)
+            self._cancelled.discard(task)
+
+    async def _handle(self, address: str, handler: grpc.RpcMethodHandler, request: Any) -> Any:
+        await self._while_stopped(address)
+        return await _run(handler, request)
 
 
 async def _run(handler: grpc.RpcMethodHandler, request: Any) -> Any:
     """Call the handler in its own shape; a streamed response is collected (callers iterate it). An
-    exception other than a status reaches the caller as UNKNOWN, as grpc.aio answers it."""
+    abort's status reaches the caller; any other exception, a status error of a call the handler
+    made included, reaches it as UNKNOWN, as grpc.aio answers it."""
     try:
         return await _call_handler(handler, request)
-    except grpc.aio.AioRpcError:
-        raise
+    except _Aborted as aborted:
+        raise aborted.error from None
     except Exception as exc:
         raise rpc_error(grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc).__name__}: {exc}") from exc
 

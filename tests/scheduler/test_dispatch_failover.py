@@ -14,7 +14,7 @@ from inferix.api.v1 import common_pb2
 from scheduler import metrics
 from scheduler.config import SchedulerConfig
 from scheduler.sessions import SessionRecord
-from tests.scheduler.inprocess import FAST, SCHEDULER, InProcessMesh, announced, solo, with_config
+from tests.scheduler.inprocess import FAST, SCHEDULER, STREAMER, InProcessMesh, announced, solo, with_config
 
 BLOCKS = 6
 SEED, PROMPT = 7, "a red ball rolls"
@@ -240,4 +240,27 @@ async def test_a_session_rides_out_a_streamer_that_drains_and_restarts_mid_sessi
 
     assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
     info = await mesh.stream_info(record)  # the new streamer got the video from frame 0 (backfill), then the rest
+    assert info.finished and (info.frames, info.frames_sha256) == solo(blocks, SEED, PROMPT)
+
+
+@in_mesh(["w-a"])
+async def test_frames_a_stopping_streamer_cancels_are_sent_again_to_the_next_one(mesh: InProcessMesh) -> None:
+    """A streamer stopping after its drain's grace cancels the pushes it still holds, which reach the
+    worker as CANCELLED (found by the 10-minute chaos run, which failed a session on it): the worker
+    takes that as the streamer going away, like UNAVAILABLE, and its next streamer gets the video."""
+    blocks = 8
+    record = await mesh.create(blocks, SEED, PROMPT)
+    await mesh.during_block("w-a", record, 3)
+    mesh.network.stop(STREAMER)  # draining: what is pushed now waits, unanswered
+    push = "/inferix.v1.StreamerService/PushFrames"
+    async with asyncio.timeout(30):
+        while not mesh.network.calls_in_flight(STREAMER, push):
+            await asyncio.sleep(0.001)
+    mesh.network.cancel_calls(STREAMER)  # its grace is over: grpc.aio cancels the calls in flight
+    mesh.restart_streamer()
+    await mesh.finished(record)
+
+    assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
+    assert [e.block_index for e in announced(record)] == list(range(blocks))
+    info = await mesh.stream_info(record)
     assert info.finished and (info.frames, info.frames_sha256) == solo(blocks, SEED, PROMPT)
