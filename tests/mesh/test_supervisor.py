@@ -261,9 +261,11 @@ def test_a_killed_worker_restarts_and_its_session_completes_on_the_other(serve: 
     log = (mesh.workdir / f"{victim}.log").read_text()
     assert log.count("registered with kvcache_svc") >= 2
     assert f"{victim} exited (signal 9); restarting in 0.5s (restart 1)" in log
-    # only the victim was restarted
+    # only the victim was restarted; its relaunch keeps its metrics port, which another connection's
+    # ephemeral port can hold for a moment (EADDRINUSE before it listens): the supervisor tries again
     exits = [line for line in mesh.stdout if re.match(r"^\S+ exited \(", line)]
-    assert exits == [f"{victim} exited (signal 9); restarting in 0.5s (restart 1)"], mesh.output()
+    assert exits[0] == f"{victim} exited (signal 9); restarting in 0.5s (restart 1)", mesh.output()
+    assert all(line.startswith(f"{victim} exited (exit code 1 before listening)") for line in exits[1:]), mesh.output()
     assert_stopped_cleanly(mesh, mesh.finish(signal.SIGTERM))
 
 
