@@ -12,12 +12,39 @@ floats, and the session's state stays its key rows, which are stored with every 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.families.wan.rope import axis_table, rotate_pairs
 from inferix.spec.architectures import KeyboardActionConfig
+
+
+@dataclass(frozen=True)
+class KeyboardTokens:
+    """What the key rows of a call give its queries: the keyboard tokens' K/V, the queries' rotations
+    and which tokens each query sees. The same for every call of a block (its denoising steps and its
+    context pass hold the same key rows), so the branch keeps the last one and computes it again only
+    for other rows: the same operations on the same inputs, so the same bits."""
+
+    rows: Tensor
+    shape: torch.Size  # of the call's x
+    dtype: torch.dtype
+    k: Tensor
+    v: Tensor
+    query_rotations: Tensor
+    allowed: Tensor
+
+    def serves(self, x: Tensor, rows: Tensor) -> bool:
+        return (
+            x.shape == self.shape
+            and x.dtype == self.dtype
+            and rows.device == self.rows.device
+            and rows.shape == self.rows.shape
+            and bool(torch.equal(rows, self.rows))
+        )
 
 
 class KeyboardBranch(nn.Module):
@@ -39,6 +66,7 @@ class KeyboardBranch(nn.Module):
         self.out = nn.Linear(config.attn_dim, dim)
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
+        self._keyboard: KeyboardTokens | None = None
 
     def forward(self, x: Tensor, rows: Tensor) -> Tensor:
         cfg = self.config
@@ -49,7 +77,19 @@ class KeyboardBranch(nn.Module):
                 f"key rows must be [{batch}, {cfg.rows_before} + frames, {cfg.keys}] for {tokens} tokens; "
                 f"got {list(rows.shape)}"
             )
-        positions = tokens // frames
+        keyboard = self._keyboard
+        if keyboard is None or not keyboard.serves(x, rows):
+            keyboard = self._keyboard = self._keyboard_tokens(x, rows, frames)
+        q = self.norm_q(self.query(x).view(batch, tokens, cfg.heads, self.head_dim))
+        q = rotate_pairs(q, keyboard.query_rotations)
+        attended = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keyboard.k.transpose(1, 2), keyboard.v.transpose(1, 2), attn_mask=keyboard.allowed
+        )
+        return self.out(attended.transpose(1, 2).flatten(2))
+
+    def _keyboard_tokens(self, x: Tensor, rows: Tensor, frames: int) -> KeyboardTokens:
+        cfg = self.config
+        positions = x.shape[1] // frames
         heads, width = cfg.heads, self.head_dim
         # Keyboard tokens of frames start - window + 1 .. start + F - 1: G = F + window - 1 of them.
         embedded = self.embed(rows.to(x.dtype))  # [B, R, E]
@@ -60,14 +100,9 @@ class KeyboardBranch(nn.Module):
         table = axis_table(keyboard_frames, width // 2, cfg.rope_theta).float().unsqueeze(1).to(x.device)
         k = rotate_pairs(self.norm_k(k), table)
         frame_of = torch.arange(frames, device=x.device).repeat_interleave(positions)  # [F*S]
-        q = self.norm_q(self.query(x).view(batch, tokens, heads, width))
-        q = rotate_pairs(q, table[frame_of + cfg.window - 1])
         offsets = torch.arange(keyboard_frames, device=x.device)
         allowed = (offsets >= frame_of[:, None]) & (offsets < frame_of[:, None] + cfg.window)
-        attended = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed
-        )
-        return self.out(attended.transpose(1, 2).flatten(2))
+        return KeyboardTokens(rows, x.shape, x.dtype, k, v, table[frame_of + cfg.window - 1], allowed)
 
 
 def neutral_rows(config: KeyboardActionConfig, batch: int, frames: int, like: Tensor) -> Tensor:

@@ -78,6 +78,29 @@ def test_a_frame_reads_the_keys_of_its_own_window_only() -> None:
             assert changed == [f <= row <= f + KEYS.rows_before for f in range(frames)], row
 
 
+def test_a_branch_reusing_its_keyboard_tokens_answers_as_a_fresh_one_for_every_call() -> None:
+    """The branch keeps the last call's keyboard K/V (a block's steps share their key rows); a call with
+    other rows, another token count or another dtype must not get them."""
+    torch.manual_seed(4)
+    branch = KeyboardBranch(KEYS, dim=32, eps=1e-6)
+    torch.nn.init.normal_(branch.out.weight)
+    pressed = torch.zeros(1, KEYS.rows_before + 3, KEYS.keys)
+    pressed[0, -1, 2] = 1.0
+    calls = [
+        (torch.randn(1, 15, 32), torch.zeros(1, KEYS.rows_before + 3, KEYS.keys)),
+        (torch.randn(1, 15, 32), torch.zeros(1, KEYS.rows_before + 3, KEYS.keys)),  # the same rows: reused
+        (torch.randn(1, 15, 32), pressed),
+        (torch.randn(1, 6, 32), pressed),  # 2 tokens per frame of the same 3 frames
+        (torch.randn(1, 6, 32).double(), pressed),
+        (torch.randn(1, 15, 32), torch.zeros(1, KEYS.rows_before + 3, KEYS.keys)),
+    ]
+    with torch.no_grad():
+        for x, rows in calls:
+            fresh = KeyboardBranch(KEYS, dim=32, eps=1e-6).to(x.dtype)
+            fresh.load_state_dict(branch.state_dict())
+            assert torch.equal(branch.to(x.dtype)(x, rows), fresh(x, rows))
+
+
 def test_keys_change_the_blocks_they_are_held_in_and_after() -> None:
     pipe = action_pipeline()
     text = prompt(1)
