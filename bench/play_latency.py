@@ -53,6 +53,7 @@ runs first so the worker's first-call costs do not land in the measured sessions
     python bench/play_latency.py                     # 30 presses per mode: interactive, then smooth (lookahead 1)
     python bench/play_latency.py --presses 10 --modes interactive
     python bench/play_latency.py --model toyworld-play  # ArrowRight / ArrowLeft in turn, photon by motion
+    python bench/play_latency.py --model toyworld-play-1f  # the same with one-frame blocks
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from playwright.sync_api import Page, sync_playwright
 
 from inferix.client import BlockDone, Client, CommandAccepted
 from inferix.spec.latency import LATENCY_CHOICES
+from inferix.spec.presets import load_preset
 from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 
 MODEL = "matrixgame2-tiny"
@@ -81,6 +83,8 @@ KEYS = ("w", "d")  # Playwright key names; the page binds the schema's W and D
 # arrows push it right and back left. Its frames differ by a few pixels, so no thumbnail tells them apart:
 # the photon is the first presented frame in which the object has moved MOTION_PX the pressed way.
 PLAY_MODEL = "toyworld-play"
+PLAY_MODELS = (PLAY_MODEL, "toyworld-play-1f")  # the same weights with 3-frame and one-frame blocks
+BEAT_S = 3 / 16  # the pauses of a toyworld-play press are in 3-frame beats, whatever the block
 PLAY_PROMPT = "a red ball steered by the arrow keys"
 PLAY_KEYS = ("ArrowRight", "ArrowLeft")
 PLAY_DIRECTIONS = {"right": (1.0, 0.0), "left": (-1.0, 0.0)}  # by schema name (ArrowRight is "right")
@@ -171,10 +175,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--chromium", default="/usr/bin/chromium")
     p.add_argument(
         "--model",
-        choices=(MODEL, PLAY_MODEL),
+        choices=(MODEL, *PLAY_MODELS),
         default=MODEL,
-        help=f"{MODEL} (photon: block N's first frame, found by its pixels) or {PLAY_MODEL} (photon: the first "
-        f"frame in which the object moved {MOTION_PX:g} px the pressed way); default %(default)s",
+        help=f"{MODEL} (photon: block N's first frame, found by its pixels), {' or '.join(PLAY_MODELS)} (photon: "
+        f"the first frame in which the object moved {MOTION_PX:g} px the pressed way); default %(default)s",
     )
     return p.parse_args()
 
@@ -318,22 +322,24 @@ def play(mesh: Mesh, browser: Any, workdir: Path, mode: str, lookahead: int, pre
     return measure(mode, lookahead, sent, presented, blocks, stream, int(stats), thumbnails(recording), measured)
 
 
-def play_motion(mesh: Mesh, browser: Any, mode: str, lookahead: int, presses: int, rng: random.Random) -> MotionRun:
+def play_motion(
+    mesh: Mesh, browser: Any, model: str, mode: str, lookahead: int, presses: int, rng: random.Random
+) -> MotionRun:
     """toyworld-play: hold ArrowRight, then ArrowLeft, ... each until its block is made; before each press the
-    object comes to rest (two blocks after the release), then a random 0 to 1 block more."""
+    object comes to rest (two beats after the release), then a random 0 to 1 beat more."""
+    per_beat = 3 // load_preset(model).pipeline.block.num_frame_per_block
     with Client(mesh.address, timeout=120) as client:
         info = client.create_session(
-            PLAY_PROMPT, model=PLAY_MODEL, seed=1, num_blocks=min(5000, presses * (2 * lookahead + 12) + 8),
+            PLAY_PROMPT, model=model, seed=1, num_blocks=min(5000, (presses * (2 * lookahead + 12) + 8) * per_beat),
             lookahead=lookahead, latency=mode,
         )  # fmt: skip
         page = open_player(browser, info.viewer_url, CENTROID_HOOK, list(BACKGROUND))
         try:
-            block_s = 3 / 16
             for i in range(presses):
                 key = PLAY_KEYS[i % len(PLAY_KEYS)]
-                time.sleep(2 * block_s + rng.uniform(0, block_s))  # at rest, then any phase of the block
+                time.sleep(2 * BEAT_S + rng.uniform(0, BEAT_S))  # at rest, then any phase of the beat
                 key_event(page, True, key)
-                time.sleep(rng.uniform(0, block_s))
+                time.sleep(rng.uniform(0, BEAT_S))
                 key_event(page, False, key)
             sent, presented, stream, measured = stop_and_collect(client, info.session_id, info.num_blocks, page)
         finally:
@@ -396,8 +402,8 @@ def measure_motion(
     )
 
 
-def report_motion(runs: list[MotionRun]) -> None:
-    print(f"\n{PLAY_MODEL}: key press -> first frame with the object {MOTION_PX:g} px the pressed way")
+def report_motion(model: str, runs: list[MotionRun]) -> None:
+    print(f"\n{model}: key press -> first frame with the object {MOTION_PX:g} px the pressed way")
     print(f"{'mode':<16} {'presses':<8} {'p50 ms':>8} {'p95 ms':>8} {'min ms':>8} {'max ms':>8}   floor ms")
     for run in runs:
         block_ms = run.block_s * 1e3
@@ -583,7 +589,7 @@ def main() -> None:
                     if args.model == MODEL:
                         runs.append(play(mesh, browser, workdir, mode, lookahead, args.presses, rng))
                     else:
-                        motion.append(play_motion(mesh, browser, mode, lookahead, args.presses, rng))
+                        motion.append(play_motion(mesh, browser, args.model, mode, lookahead, args.presses, rng))
                     print(f"{label(mode, lookahead)}: done in {time.monotonic() - started:.0f} s", flush=True)
                 browser.close()
         finally:
@@ -591,7 +597,7 @@ def main() -> None:
     if runs:
         report(runs)
     if motion:
-        report_motion(motion)
+        report_motion(args.model, motion)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """How well a toyworld-play model responds to its keys, measured against the simulator (`play.py`).
 
-A trial plays one scene live: 1-2 blocks under random keys (the history), then an arrow key held
-for `HOLD_BLOCKS` blocks. The key is the trial's preferred one (trials cycle through the four)
+A trial plays one scene live: 1-2 beats under random keys (the history), then an arrow key held
+for `HOLD_BEATS` beats. A beat is `BEAT_FRAMES` frames, toyworld-play's block; a model with shorter
+blocks (toyworld-play-1f: one frame) makes a beat in several blocks, each under the beat's keys, so
+that both are measured on the same trials. The key is the trial's preferred one (trials cycle through the four)
 unless the simulator says the object has no room that way: a simulator player put where the
 model drew the object, with the model's last frame-to-frame motion, must move it at least
-`SIM_MIN_MOVE` px the pressed way over the held blocks; else the next key in turn with room is
+`SIM_MIN_MOVE` px the pressed way over the held beats; else the next key in turn with room is
 pressed. The trial passes when the object the model draws (`measure.py`) moves at least
 `PASS_MOVE` px the pressed way from the last frame before the press to the last held frame.
 
@@ -29,8 +31,9 @@ from inferix.spec.actions import parse_action_track, parse_held_action
 from toyworld_lab.measure import read_frame
 from toyworld_lab.play import DIRECTIONS, KEYS, Player, PlaySpec, all_play_specs, key_row, random_held
 
-HOLD_BLOCKS = 2
-# From rest the simulator moves the object 11 px in two held blocks; a trial needs at least this
+BEAT_FRAMES = 3
+HOLD_BEATS = 2
+# From rest the simulator moves the object 11 px in two held beats; a trial needs at least this
 # much room that way (an object at a wall, or coasting fast the other way, is no test of the key).
 SIM_MIN_MOVE = 6.0
 # The model's object must move at least this far the pressed way: half the least move the
@@ -42,7 +45,7 @@ PASS_MOVE = 3.0
 class Trial:
     spec: PlaySpec
     seed: int
-    history: list[list[str]]  # the keys held in each block before the press
+    history: list[list[str]]  # the keys held in each beat before the press
     preferred: str  # the key pressed, if the simulator gives the object room that way
 
 
@@ -50,7 +53,7 @@ class Trial:
 class TrialResult:
     trial: Trial
     key: str | None  # the key pressed; None when the model's object was not there to press for
-    moved: float  # px the model's object moved the pressed way over the held blocks (nan: no object)
+    moved: float  # px the model's object moved the pressed way over the held beats (nan: no object)
 
     @property
     def passed(self) -> bool:
@@ -103,22 +106,29 @@ def pick_key(frames: np.ndarray, preferred: str, frames_held: int) -> str | None
     return None
 
 
+def blocks_per_beat(engine: WanEngine) -> int:
+    frames = engine.model.preset.pipeline.block.num_frame_per_block
+    if BEAT_FRAMES % frames:
+        raise ValueError(f"{engine.model.name}: blocks of {frames} frames do not fill a beat of {BEAT_FRAMES}")
+    return BEAT_FRAMES // frames
+
+
 def run_trial(engine: WanEngine, trial: Trial) -> TrialResult:
     schema = engine.action_schema
     assert schema is not None, "a play model takes actions"
-    blocks = len(trial.history) + HOLD_BLOCKS
+    per_beat = blocks_per_beat(engine)
+    blocks = (len(trial.history) + HOLD_BEATS) * per_beat
     with engine.open(trial.spec.prompt(), num_blocks=blocks, seed=trial.seed) as session:
         seen = []
         for index, keys in enumerate(trial.history):
-            session.hold(parse_held_action(schema, keys, [], f"history block {index}"))
-            seen.append(session.next_block().frames)
+            session.hold(parse_held_action(schema, keys, [], f"history beat {index}"))
+            seen += [session.next_block().frames for _ in range(per_beat)]
         before = np.concatenate(seen)
-        frames_per_block = seen[-1].shape[0]
-        key = pick_key(before, trial.preferred, HOLD_BLOCKS * frames_per_block)
+        key = pick_key(before, trial.preferred, HOLD_BEATS * BEAT_FRAMES)
         if key is None:
             return TrialResult(trial, None, float("nan"))
         session.hold(parse_held_action(schema, [key], [], "held key"))
-        held = [session.next_block().frames for _ in range(HOLD_BLOCKS)]
+        held = [session.next_block().frames for _ in range(HOLD_BEATS * per_beat)]
     start, end = read_frame(before[-1]).centroid, read_frame(held[-1][-1]).centroid
     moved = float("nan") if start is None or end is None else along(key, start, end)
     return TrialResult(trial, key, moved)
@@ -158,8 +168,8 @@ class Responsiveness:
         moves = [r.moved for r in self.results if r.key is not None]
         return (
             f"{passed}/{len(self.results)} trials ({self.share:.0%}) moved >= {PASS_MOVE:g} px the held key's way "
-            f"within {HOLD_BLOCKS} blocks ({self.share_with_object:.0%} of those with the object on screen at "
-            f"the press); per key: {keys}; no object to press for: {missing}; "
+            f"within {HOLD_BEATS * BEAT_FRAMES} frames ({self.share_with_object:.0%} of those with the object on "
+            f"screen at the press); per key: {keys}; no object to press for: {missing}; "
             f"median move {np.nanmedian(moves) if moves else float('nan'):.1f} px"
         )
 

@@ -3,7 +3,9 @@
 A preset is data, not code: the DiT / VAE / text-encoder architectures, the block-causal sampling
 of the reference (steps, warp, shift, timestep dtype), the video defaults (fps, resolution) and the
 files a model folder holds. ``model.yaml`` in a model folder names a preset and may override any
-of its sections (`load_preset`'s ``overrides``), which are merged key by key.
+of its sections (`load_preset`'s ``overrides``), which are merged key by key. A preset may itself
+name another as its ``base`` and hold only what it changes (toyworld-play-1f: toyworld-play with
+one-frame blocks).
 
 Unknown keys are errors, so that a typo cannot silently fall back to a default.
 """
@@ -39,8 +41,9 @@ __all__ = [
 _PRESET_DIR = "presets"
 # The models built into the package, by name: toyworld (trained weights shipped with the engine, what
 # runs without --model), toyworld-play (toyworld with a player the arrow keys steer; also trained
-# and shipped) and tiny (deterministic random weights, for smoke tests).
-BUILTIN_MODELS = ("toyworld", "toyworld-play", "tiny")
+# and shipped), toyworld-play-1f (its weights with one-frame blocks, for interactive play) and tiny
+# (deterministic random weights, for smoke tests).
+BUILTIN_MODELS = ("toyworld", "toyworld-play", "toyworld-play-1f", "tiny")
 DEFAULT_MODEL = "toyworld"
 T = TypeVar("T")
 _SECTIONS = (
@@ -304,15 +307,29 @@ def read_yaml(path: Path | Traversable, what: str) -> dict[str, Any]:
     return data
 
 
+def _preset_data(name: str, files: Mapping[str, Traversable], derived: tuple[str, ...]) -> dict[str, Any]:
+    """The sections of preset ``name``: a preset with ``base: OTHER`` is OTHER's sections with its own
+    merged in (a variant states only what it changes). ``derived``: the presets that led here."""
+    if name not in files:
+        what = f"preset {derived[-1]!r}: base {name!r} is an" if derived else "an"
+        raise UserError(f"{what} unknown model preset {name!r}; available presets: {', '.join(sorted(files))}")
+    if name in derived:
+        raise UserError(f"presets {' -> '.join((*derived, name))}: a preset cannot be its own base")
+    data = read_yaml(files[name], "preset")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise UserError(f"preset {name!r} ({_PRESET_DIR}/{name}.yaml): base must be a preset name, got {base!r}")
+    return merge_sections(_preset_data(base, files, (*derived, name)), data)
+
+
 def load_preset(name: str, overrides: Mapping[str, Any] | None = None, where: str | None = None) -> ModelPreset:
     """The preset ``name``, with ``overrides`` (same sections as the yaml) merged in.
 
     ``where`` names the origin of the overrides (e.g. a model.yaml) in error messages.
     """
-    files = _preset_files()
-    if name not in files:
-        raise UserError(f"unknown model preset {name!r}; available presets: {', '.join(sorted(files))}")
-    data = read_yaml(files[name], "preset")
+    data = _preset_data(name, _preset_files(), ())
     origin = f"preset {name!r} ({_PRESET_DIR}/{name}.yaml)"
     if overrides:
         data = merge_sections(data, overrides)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from engine.flow_match import FlowMatchSchedule
 from engine.noise import RecordedNoise
 from inferix.errors import UserError
 from inferix.spec.architectures import WanDiTConfig
-from inferix.spec.presets import available_presets, load_preset
+from inferix.spec.presets import _preset_data, available_presets, load_preset
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 TOLERANCE = 1e-5
@@ -91,6 +91,35 @@ def test_bad_overrides_are_user_errors_naming_the_place(overrides: dict[str, Any
     with pytest.raises(UserError, match=message) as info:
         load_preset("self-forcing-dmd", overrides, "my/model.yaml")
     assert "my/model.yaml" in str(info.value)
+
+
+def test_a_variant_preset_is_its_base_with_what_it_changes() -> None:
+    base, variant = load_preset("toyworld-play"), load_preset("toyworld-play-1f")
+    assert variant.name == "toyworld-play-1f" and variant.description != base.description
+    assert variant.pipeline.block.num_frame_per_block == 1 and base.pipeline.block.num_frame_per_block == 3
+    assert variant.pipeline.sampling.denoising_steps == (1000, 700, 350, 50)
+    assert variant.pipeline.block.local_attn_size == base.pipeline.block.local_attn_size  # merged key by key
+    assert (variant.dit, variant.vae, variant.files, variant.actions) == (base.dit, base.vae, base.files, base.actions)
+    assert replace(variant.pipeline.sampling, denoising_steps=base.pipeline.sampling.denoising_steps) == (
+        base.pipeline.sampling
+    )
+
+
+@pytest.mark.parametrize(
+    ("presets", "message"),
+    [
+        ({"a": {"base": "nowhere", "name": "a"}}, "preset 'a': base 'nowhere' is an unknown model preset"),
+        ({"a": {"base": "b", "name": "a"}, "b": {"base": "a", "name": "b"}}, "a -> b -> a: a preset cannot be its own"),
+        ({"a": {"base": 3, "name": "a"}}, "base must be a preset name, got 3"),
+    ],
+)
+def test_bad_preset_bases_are_user_errors(presets: dict[str, dict[str, Any]], message: str, tmp_path: Path) -> None:
+    files = {}
+    for name, data in presets.items():
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_text(yaml.safe_dump(data))
+    with pytest.raises(UserError, match=message):
+        _preset_data("a", files, ())
 
 
 def test_unknown_preset_lists_the_available_ones() -> None:

@@ -1,7 +1,7 @@
 """toyworld-play through the mesh: a text prompt starts the session, SDK actions (arrow keys) steer it
 at block boundaries, each block's event names the keys it was made under, and the frames equal
 `inferix generate --actions` with the equivalent track -- also after the worker running the session
-is killed mid-session."""
+is killed mid-session. The same for toyworld-play-1f, its weights with one-frame blocks (issue 40)."""
 
 from __future__ import annotations
 
@@ -25,19 +25,27 @@ BLOCKS = 6
 PLAN = [(0, ["right"]), (1, ["ArrowDown", "left"]), (3, [])]
 
 
-@pytest.fixture(scope="module")
-def play_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    config = mesh_config(tmp_path_factory.mktemp("play"), workers=2, model=Path(MODEL), capacity_probe=0)
+FRAMES_PER_BLOCK = {MODEL: 3, "toyworld-play-1f": 1}
+
+
+@pytest.fixture(scope="module", params=list(FRAMES_PER_BLOCK))
+def play_mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    model = request.param
+    config = mesh_config(tmp_path_factory.mktemp("play"), workers=2, model=Path(model), capacity_probe=0)
     running = start_mesh(config)
     yield running
     running.stop()
 
 
-def generate_digest(track: list[dict[str, object]], seed: int, workdir: Path) -> str:
-    """sha256 of the frames `inferix generate --model toyworld-play --actions` makes."""
+def served(mesh: Mesh) -> str:
+    return str(mesh.config.model)
+
+
+def generate_digest(track: list[dict[str, object]], seed: int, workdir: Path, model: str = MODEL) -> str:
+    """sha256 of the frames `inferix generate --model MODEL --actions` makes."""
     actions = workdir / f"track-{seed}.json"
     actions.write_text(json.dumps(track))
-    command = [sys.executable, "-m", "inferix_cli", "generate", "--model", MODEL, "--prompt", PROMPT]
+    command = [sys.executable, "-m", "inferix_cli", "generate", "--model", model, "--prompt", PROMPT]
     command += ["--actions", str(actions), "--blocks", str(BLOCKS), "--seed", str(seed), "--threads", "1"]
     command += ["--quiet", "--out", str(workdir / f"generate-{seed}.mp4")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
@@ -54,7 +62,7 @@ def drive(mesh: Mesh, seed: int, kill_after: int | None = None) -> tuple[str, li
     made_under: dict[int, list[str]] = {}
     killed = ""
     with Client(mesh.address, api_key=KEY_A, timeout=120) as client:
-        info = client.create_session(PROMPT, model=MODEL, num_blocks=BLOCKS, seed=seed)
+        info = client.create_session(PROMPT, model=served(mesh), num_blocks=BLOCKS, seed=seed)
         assert info.action_schema is not None
         assert [(k.name, k.key) for k in info.action_schema.keys][:2] == [("up", "ArrowUp"), ("down", "ArrowDown")]
         states = []
@@ -92,14 +100,14 @@ def drive(mesh: Mesh, seed: int, kill_after: int | None = None) -> tuple[str, li
 
 def test_sdk_actions_give_the_frames_of_generate_with_the_same_track(play_mesh: Mesh, tmp_path: Path) -> None:
     session_id, track = drive(play_mesh, seed=3)
-    streamed = stream_info(play_mesh, session_id)
-    assert streamed.finished and streamed.frames == 3 * BLOCKS
-    assert streamed.frames_sha256 == generate_digest(track, 3, tmp_path)
-    assert streamed.frames_sha256 != generate_digest([], 3, tmp_path)  # the actions reached the model
+    streamed, model = stream_info(play_mesh, session_id), served(play_mesh)
+    assert streamed.finished and streamed.frames == FRAMES_PER_BLOCK[model] * BLOCKS
+    assert streamed.frames_sha256 == generate_digest(track, 3, tmp_path, model)
+    assert streamed.frames_sha256 != generate_digest([], 3, tmp_path, model)  # the actions reached the model
 
 
 def test_frames_are_the_same_after_the_worker_is_killed_mid_session(play_mesh: Mesh, tmp_path: Path) -> None:
     session_id, track = drive(play_mesh, seed=4, kill_after=1)
-    streamed = stream_info(play_mesh, session_id)
-    assert streamed.finished and streamed.frames == 3 * BLOCKS
-    assert streamed.frames_sha256 == generate_digest(track, 4, tmp_path)
+    streamed, model = stream_info(play_mesh, session_id), served(play_mesh)
+    assert streamed.finished and streamed.frames == FRAMES_PER_BLOCK[model] * BLOCKS
+    assert streamed.frames_sha256 == generate_digest(track, 4, tmp_path, model)

@@ -78,10 +78,12 @@ ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 MODEL_YAML = "model.yaml"
 TOYWORLD_WEIGHTS = Path(__file__).resolve().parent / "weights" / "toyworld"
 TOYWORLD_PLAY_WEIGHTS = Path(__file__).resolve().parent / "weights" / "toyworld_play"
-# Built-in trained models: their weights folder and the command that writes it.
+# Built-in trained models: their weights folder and the command that writes it. A variant preset of a
+# trained model (toyworld-play-1f) runs that model's weights under its own preset.
 TRAINED_BUILTINS = {
     "toyworld": (TOYWORLD_WEIGHTS, "make train-toyworld"),
     "toyworld-play": (TOYWORLD_PLAY_WEIGHTS, "make train-toyworld-play"),
+    "toyworld-play-1f": (TOYWORLD_PLAY_WEIGHTS, "make train-toyworld-play"),
 }
 UNK_TOKEN = "<unk>"
 # Ids of the byte-level tokenizer: T5's special ids first (pad 0, eos 1, unk 2), then one per byte.
@@ -175,14 +177,14 @@ def _detect_preset(root: Path) -> ModelPreset:
     )
 
 
-def _read_model_yaml(path: Path) -> ModelPreset:
+def _read_model_yaml(path: Path, preset_name: str | None) -> ModelPreset:
     data = read_yaml(path, "model config")
     preset = data.pop("preset", None)
     if not isinstance(preset, str):
         raise UserError(
             f"{path} must name a preset, e.g. 'preset: self-forcing-dmd' (available: {', '.join(available_presets())})"
         )
-    return load_preset(preset, data, str(path))
+    return load_preset(preset_name or preset, data, str(path))
 
 
 def _required(root: Path, relative: str, what: str, how: str) -> Path:
@@ -192,10 +194,12 @@ def _required(root: Path, relative: str, what: str, how: str) -> Path:
     return path
 
 
-def resolve_model_dir(path: str | Path) -> ModelDirectory:
+def resolve_model_dir(path: str | Path, preset_name: str | None = None) -> ModelDirectory:
     """Find the preset of a model folder (``model.yaml`` or detection) and check that its files exist.
 
-    Each error names the expected path and how to get the file.
+    ``preset_name`` replaces the preset ``model.yaml`` names (its overrides still apply): a built-in
+    variant preset over the weights of the model it varies. Each error names the expected path and
+    how to get the file.
     """
     root = Path(path).expanduser()
     if not root.is_dir():
@@ -204,7 +208,7 @@ def resolve_model_dir(path: str | Path) -> ModelDirectory:
             "README, or omit --model to run the built-in toyworld model"
         )
     yaml_path = root / MODEL_YAML
-    preset = _read_model_yaml(yaml_path) if yaml_path.is_file() else _detect_preset(root)
+    preset = _read_model_yaml(yaml_path, preset_name) if yaml_path.is_file() else _detect_preset(root)
     files = preset.files
     if files is None:
         raise UserError(
@@ -308,8 +312,7 @@ def _load_random(
 
 
 def builtin_model_name(path: str | Path) -> str | None:
-    """The built-in model ``path`` names ("toyworld", "toyworld-play", "tiny"), unless a folder of that
-    name exists."""
+    """The built-in model ``path`` names (`BUILTIN_MODELS`), unless a folder of that name exists."""
     name = str(path)
     return name if name in BUILTIN_MODELS and not Path(name).exists() else None
 
@@ -324,7 +327,8 @@ def load_wan_model(
 ) -> LoadedModel:
     """Load the model of a model folder, or a built-in model: ``toyworld`` (the default when ``path``
     is None; trained weights shipped in the package), ``toyworld-play`` (toyworld with a player the
-    arrow keys steer; also trained and shipped) or ``tiny`` (random weights, for smoke tests).
+    arrow keys steer; also trained and shipped), ``toyworld-play-1f`` (its weights with one-frame
+    blocks, for interactive play) or ``tiny`` (random weights, for smoke tests).
 
     All three networks get ``dtype`` (fp32 / bf16 / fp16) and ``device``. ``quant`` (`--quant`;
     None: the preset's / model.yaml's) quantizes the DiT's block linears (`engine.quant`).
@@ -365,7 +369,7 @@ def _load_model(
                 f"train them with `{command}`, or pass --model tiny / a model folder"
             )
         source = weights
-    folder = resolve_model_dir(source)
+    folder = resolve_model_dir(source, preset_name=builtin if builtin in TRAINED_BUILTINS else None)
     preset = folder.preset
     dit = load_dit(
         folder.dit,
