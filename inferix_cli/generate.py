@@ -32,7 +32,8 @@ def register(subparsers: Any) -> None:
             "world of coloured balls and squares (64x64, 16 fps), faster than real time on one CPU core. "
             "Its prompts read like 'a red ball bouncing to the right' or 'two blue squares falling'; "
             "change colour mid-video with 'the ball turns green'. --model tiny runs random weights (a smoke test). "
-            "--model toyworld-play adds a player object that --actions (arrow keys up, down, left, right) steer. "
+            "--model toyworld-play adds a player object that --actions (arrow keys up, down, left, right) steer; "
+            "--model toyworld-play-1f runs it with one-frame blocks (a key steers the next frame). "
             "Matrix-Game 2.0 models (a model folder, or matrixgame2-tiny: random weights) start from --image and "
             "are steered by --actions instead of a prompt."
         ),
@@ -45,7 +46,7 @@ def register(subparsers: Any) -> None:
         "--model",
         type=Path,
         default=None,
-        help=f"model folder, or built-in: toyworld (default), toyworld-play, tiny, {TINY_MODEL}",
+        help=f"model folder, or built-in: toyworld (default), toyworld-play, toyworld-play-1f, tiny, {TINY_MODEL}",
     )
     parser.add_argument("--prompt", default=None, help="the prompt from block 0 (required, except for Matrix-Game)")
     parser.add_argument(

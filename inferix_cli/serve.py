@@ -75,7 +75,10 @@ def register(subparsers: Any) -> None:
         "Strategy: INFERIX_SP_STRATEGY (default auto). Default 1",
     )
     parser.add_argument(
-        "--model", type=Path, default=None, help="model folder, or built-in: toyworld (default), tiny, matrixgame2-tiny"
+        "--model",
+        type=Path,
+        default=None,
+        help="model folder, or built-in: toyworld (default), toyworld-play, toyworld-play-1f, tiny, matrixgame2-tiny",
     )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--kv-pages", type=int, default=256, help="KV pages per worker (one latent frame each)")

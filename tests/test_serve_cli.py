@@ -16,8 +16,8 @@ def test_serve_names_the_built_in_models_for_an_unknown_model(
     assert main(["serve", "--model", "no-such-model", "--workdir", str(workdir)]) == 2
     err = capsys.readouterr().err
     assert (
-        "--model no-such-model: not a folder nor a built-in model (toyworld, toyworld-play, tiny, matrixgame2-tiny)"
-        in err
+        "--model no-such-model: not a folder nor a built-in model "
+        "(toyworld, toyworld-play, toyworld-play-1f, tiny, matrixgame2-tiny)" in err
     )
     assert not workdir.exists()  # nothing was started
 
