@@ -326,7 +326,7 @@ def play_motion(
     mesh: Mesh, browser: Any, model: str, mode: str, lookahead: int, presses: int, rng: random.Random
 ) -> MotionRun:
     """toyworld-play: hold ArrowRight, then ArrowLeft, ... each until its block is made; before each press the
-    object comes to rest (two beats after the release), then a random 0 to 1 beat more."""
+    object comes to rest (two beats after the release, and still on screen), then a random 0 to 1 beat more."""
     per_beat = 3 // load_preset(model).pipeline.block.num_frame_per_block
     with Client(mesh.address, timeout=120) as client:
         info = client.create_session(
@@ -337,7 +337,9 @@ def play_motion(
         try:
             for i in range(presses):
                 key = PLAY_KEYS[i % len(PLAY_KEYS)]
-                time.sleep(2 * BEAT_S + rng.uniform(0, BEAT_S))  # at rest, then any phase of the beat
+                time.sleep(2 * BEAT_S)
+                wait_for_rest(page)
+                time.sleep(rng.uniform(0, BEAT_S))  # any phase of the beat
                 key_event(page, True, key)
                 time.sleep(rng.uniform(0, BEAT_S))
                 key_event(page, False, key)
@@ -346,6 +348,24 @@ def play_motion(
             page.close()
         blocks = {e.block_index: e for e in client.events(info.session_id) if isinstance(e, BlockDone)}
     return measure_motion(mode, lookahead, sent, presented, blocks, stream, measured)
+
+
+# The object is at rest once its centroid moved less than this over the last REST_FRAMES presented frames.
+REST_PX, REST_FRAMES = 0.5, 4
+REST = (
+    f"(() => {{ const f = window.benchFrames.slice(-{REST_FRAMES}).filter((p) => p.x !== null);"
+    f" if (f.length < {REST_FRAMES}) return false;"
+    " const xs = f.map((p) => p.x), ys = f.map((p) => p.y);"
+    f" return Math.max(...xs) - Math.min(...xs) < {REST_PX} && Math.max(...ys) - Math.min(...ys) < {REST_PX}; }})()"
+)
+
+
+def wait_for_rest(page: Page, timeout_s: float = 3.0) -> None:
+    """Until the object on screen is still (a press from motion the pressed way would count too early); a
+    model whose object never settles within `timeout_s` is pressed anyway."""
+    deadline = time.monotonic() + timeout_s
+    while not page.evaluate(REST) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def measure_motion(
