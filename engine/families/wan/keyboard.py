@@ -102,7 +102,8 @@ class KeyboardBranch(nn.Module):
         frame_of = torch.arange(frames, device=x.device).repeat_interleave(positions)  # [F*S]
         offsets = torch.arange(keyboard_frames, device=x.device)
         allowed = (offsets >= frame_of[:, None]) & (offsets < frame_of[:, None] + cfg.window)
-        return KeyboardTokens(rows, x.shape, x.dtype, k, v, table[frame_of + cfg.window - 1], allowed)
+        # A copy of the rows: a caller that changed its tensor in place must not find them equal.
+        return KeyboardTokens(rows.clone(), x.shape, x.dtype, k, v, table[frame_of + cfg.window - 1], allowed)
 
 
 def neutral_rows(config: KeyboardActionConfig, batch: int, frames: int, like: Tensor) -> Tensor:
