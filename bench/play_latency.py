@@ -76,6 +76,7 @@ from inferix.client import BlockDone, Client, CommandAccepted
 from inferix.spec.latency import LATENCY_CHOICES
 from inferix.spec.presets import load_preset
 from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
+from toyworld_lab.play_eval import BEAT_FRAMES
 
 MODEL = "matrixgame2-tiny"
 KEYS = ("w", "d")  # Playwright key names; the page binds the schema's W and D
@@ -84,7 +85,7 @@ KEYS = ("w", "d")  # Playwright key names; the page binds the schema's W and D
 # the photon is the first presented frame in which the object has moved MOTION_PX the pressed way.
 PLAY_MODEL = "toyworld-play"
 PLAY_MODELS = (PLAY_MODEL, "toyworld-play-1f")  # the same weights with 3-frame and one-frame blocks
-BEAT_S = 3 / 16  # the pauses of a toyworld-play press are in 3-frame beats, whatever the block
+BEAT_S = BEAT_FRAMES / 16  # the pauses of a toyworld-play press are in beats (its 3-frame block), whatever the block
 PLAY_PROMPT = "a red ball steered by the arrow keys"
 PLAY_KEYS = ("ArrowRight", "ArrowLeft")
 PLAY_DIRECTIONS = {"right": (1.0, 0.0), "left": (-1.0, 0.0)}  # by schema name (ArrowRight is "right")
@@ -327,7 +328,7 @@ def play_motion(
 ) -> MotionRun:
     """toyworld-play: hold ArrowRight, then ArrowLeft, ... each until its block is made; before each press the
     object comes to rest (two beats after the release, and still on screen), then a random 0 to 1 beat more."""
-    per_beat = 3 // load_preset(model).pipeline.block.num_frame_per_block
+    per_beat = BEAT_FRAMES // load_preset(model).pipeline.block.num_frame_per_block
     with Client(mesh.address, timeout=120) as client:
         info = client.create_session(
             PLAY_PROMPT, model=model, seed=1, num_blocks=min(5000, (presses * (2 * lookahead + 12) + 8) * per_beat),
