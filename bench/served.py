@@ -23,8 +23,8 @@ other services' share is CPU the worker's torch threads do not get.
 latent frame at 224x512, 4 denoising steps and a context pass per block, as Self Forcing), served
 from a model folder this bench writes to a temporary folder: toyworld's trained VAE, text encoder
 and tokenizer with a seeded random DiT of that size (its frames are noise; only speed is measured).
-One session at a time: the scheduler counts a session's KV pages by the preset's own (64x64) size,
-168 pages at 224x512 against the 12 the worker uses, so a second one finds no room.
+The worker registers the folder's model.yaml, so the scheduler sizes its sessions (224x512, 12 KV
+pages each) by it.
 
 (`-P`: this folder's bench/engine_speed.py must not shadow the `engine` package.)
 """
@@ -103,8 +103,7 @@ def in_engine_fps(engine: WanEngine, n: int, blocks: int) -> tuple[float, float]
 
 def served_fps(client: Client, n: int, blocks: int, size: tuple[int, int]) -> float:
     """N sessions of `size` (width, height) created at once (concurrent calls, as N clients would),
-    followed to their end. The size is explicit: the scheduler knows a model by its preset's name,
-    and the mid-size folder changes that preset's native size."""
+    followed to their end."""
     began = time.perf_counter()
 
     def create(i: int) -> str:

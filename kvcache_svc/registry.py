@@ -96,6 +96,7 @@ class WorkerRecord:
     used_pages: int = 0
     host_pages_used: int = 0
     sessions: int = 0
+    model_settings: str = ""  # how its model folder changes the model's preset ("": as shipped)
     session_ids: list[str] = field(default_factory=list)
     sequence: int = 0  # last accepted heartbeat sequence; RegisterWorker resets it to 0
     last_seen_unix: float = 0.0
@@ -130,6 +131,11 @@ class WorkerRecord:
         fields = json.loads(data)
         fields["capacity"] = [_decode_capacity(c) for c in fields.get("capacity", [])]
         return cls(**fields)
+
+
+def _settings(model_settings: str) -> str:
+    """A worker's model settings in an error message."""
+    return f"model.yaml {model_settings[:200]}" if model_settings else "the shipped preset"
 
 
 class _LostRace(Exception):
@@ -184,10 +190,15 @@ class Registry:
         kv: KVReport,
         capacity: Sequence[StreamCapacity] = (),
         device: str = "",
+        model_settings: str = "",
     ) -> WorkerRecord:
         """Add or replace a worker, with its measured real-time `capacity` (empty: not measured). A
         re-registering worker (e.g. restarted) keeps the reservations of its sessions (pages and
-        stream costs), so it must keep serving the same model and room for their pages."""
+        stream costs), so it must keep serving the same model and room for their pages.
+
+        Every live worker of a model must serve it with the same `model_settings` (its model.yaml):
+        a session may move to any of them and its frames must not change, and the scheduler sizes
+        sessions by one preset per model."""
         require_id("worker_id", worker_id)
         capacity = check_capacity(worker_id, capacity)
         if not address:
@@ -202,6 +213,16 @@ class Registry:
             raise InvalidRequestError(
                 f"worker {worker_id!r} reports {kv.used_pages} used pages, more than its {kv.total_pages} total"
             )
+        for other in await self.workers():
+            fresh = self.clock() - other.last_seen_unix <= self.heartbeat_timeout_s
+            same_model = other.worker_id != worker_id and other.model == model and fresh and not other.departed
+            if same_model and other.model_settings != model_settings:
+                raise PreconditionError(
+                    f"worker {worker_id!r} serves model {model!r} with another model.yaml than live worker "
+                    f"{other.worker_id!r} ({_settings(model_settings)} against {_settings(other.model_settings)}); "
+                    "every worker of a model must run the same settings, so that a session makes the same "
+                    "frames on any of them: give them the same model folder, or drain the other workers first"
+                )
 
         def fn(old: bytes | None) -> bytes:
             reservations: dict[str, int] = {}
@@ -209,10 +230,11 @@ class Registry:
             if old is not None:
                 previous = WorkerRecord.decode(old)
                 reservations, stream_costs = previous.reservations, previous.stream_costs
-                if reservations and previous.model != model:
+                if reservations and (previous.model, previous.model_settings) != (model, model_settings):
                     raise PreconditionError(
-                        f"worker {worker_id!r} re-registers for model {model!r} but holds reservations for "
-                        f"model {previous.model!r} (sessions {sorted(reservations)}); release them first"
+                        f"worker {worker_id!r} re-registers for model {model!r} ({_settings(model_settings)}) but "
+                        f"holds reservations for model {previous.model!r} ({_settings(previous.model_settings)}; "
+                        f"sessions {sorted(reservations)}); release them first"
                     )
                 if previous.reserved_pages > kv.total_pages:
                     raise PreconditionError(
@@ -223,6 +245,7 @@ class Registry:
                 worker_id=worker_id,
                 address=address,
                 model=model,
+                model_settings=model_settings,
                 total_pages=kv.total_pages,
                 page_bytes=kv.page_bytes,
                 used_pages=kv.used_pages,

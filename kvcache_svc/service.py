@@ -123,6 +123,7 @@ def _worker_info(record: WorkerRecord, alive: bool) -> kvcache_pb2.WorkerInfo:
         worker_id=record.worker_id,
         address=record.address,
         model=record.model,
+        model_settings=record.model_settings,
         kv=common_pb2.KVUsage(
             total_pages=record.total_pages,
             used_pages=record.used_pages,
@@ -165,6 +166,7 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
             _report(request.kv),
             [StreamCapacity.from_proto(c) for c in request.capacity],
             request.device,
+            request.model_settings,
         )
         log.info(
             "worker %s registered: %s, model %s, %d pages, %s", record.worker_id, record.address, record.model,

@@ -3,10 +3,11 @@ presets of the models its sessions use (`Presets`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from inferix.api.v1 import common_pb2
-from inferix.spec.served import ServedPreset, load_any_preset
+from inferix.spec.served import ServedPreset, load_served_preset
 from scheduler.playback import Playback
 from scheduler.validation import ALL_OUTPUTS, ValidSpec, validate_spec
 
@@ -33,16 +34,23 @@ class SchedulerConfig:
 
 
 class Presets:
-    """Model presets by name, each loaded once (every session of a model shares it)."""
+    """Model presets by name, as the workers serving each model run it (a model folder's model.yaml
+    may change its shipped preset, e.g. its video size); each loaded once and shared by its sessions."""
 
     def __init__(self, default_lookahead: int) -> None:
         self.default_lookahead = default_lookahead
-        self._presets: dict[str, ServedPreset] = {}
+        self._settings: dict[str, str] = {}  # model -> the settings its workers registered
+        self._presets: dict[tuple[str, str], ServedPreset] = {}
+
+    def learn(self, served: Mapping[str, str]) -> None:
+        """The model settings the workers up now serve each model with (`Placement.served_models`)."""
+        self._settings.update(served)
 
     def get(self, model: str) -> ServedPreset:
-        if model not in self._presets:
-            self._presets[model] = load_any_preset(model)
-        return self._presets[model]
+        key = (model, self._settings.get(model, ""))
+        if key not in self._presets:
+            self._presets[key] = load_served_preset(*key)
+        return self._presets[key]
 
     def revalidate(self, spec: common_pb2.SessionSpec) -> ValidSpec:
         """A stored spec back to a `ValidSpec` (it passed validation when the session was created)."""

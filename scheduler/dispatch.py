@@ -32,7 +32,7 @@ from inferix.telemetry import BLOCK_INDEX_ATTR, SESSION_ID_ATTR, tracer
 from scheduler import metrics
 from scheduler.config import Presets, SchedulerConfig
 from scheduler.handover import DrainWatch
-from scheduler.hosting import Placement
+from scheduler.hosting import CallFailed, Placement
 from scheduler.quotas import Quotas
 from scheduler.sessions import SessionRecord
 from scheduler.table import NO_PERSISTENT_STORE, SessionTable
@@ -99,6 +99,11 @@ class Dispatcher:
         """On start: load the stored sessions, resume the unfinished ones, and close sessions that
         workers still run but no record describes (their scheduler died with an in-memory store)."""
         resumed = 0
+        try:  # the presets the workers run, before the stored sessions are sized by them
+            self.presets.learn(await self.placement.served_models(timeout=self.config.probe_timeout_s))
+        except CallFailed as exc:
+            log.warning("cannot ask kvcache_svc for the workers' model settings (%s); the shipped presets "
+                        "stand until a session is created", exc.code)  # fmt: skip
         for record in await self.table.load(self.presets.revalidate):
             self.table.records[record.session_id] = record
             if not record.terminal:

@@ -60,7 +60,7 @@ class GrpcKVCache:
             reply = await self._stub.ListWorkers(kvcache_pb2.ListWorkersRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise _failed(exc) from exc
-        return [WorkerInfo(w.address, w.model, w.alive, w.suspect) for w in reply.workers]
+        return [WorkerInfo(w.address, w.model, w.alive, w.suspect, w.model_settings) for w in reply.workers]
 
     async def report_failure(self, worker_id: str, reason: str, timeout: float) -> None:
         request = kvcache_pb2.ReportWorkerFailureRequest(worker_id=worker_id, reason=reason)

@@ -83,6 +83,7 @@ class WorkerInfo:
     model: str
     alive: bool
     suspect: bool  # missed heartbeats or was reported failed; it may come back
+    model_settings: str = ""  # how its model folder changes the model's preset ("": as shipped)
 
 
 @dataclass(frozen=True)
@@ -215,11 +216,14 @@ class Placement:
         """Whether the session's worker drains (it refuses blocks then, which is no failure)."""
         return await self.workers.draining(record.worker_address, timeout=self.config.probe_timeout_s)
 
-    async def served_models(self) -> set[str]:
-        """Models of the registered workers that are up (a suspect one still counts: it may come back).
-        Raises `CallFailed` when kvcache_svc does not answer."""
-        workers = await self.kvcache.workers(timeout=self.config.internal_deadline_s)
-        return {w.model for w in workers if w.alive or w.suspect}
+    async def served_models(self, timeout: float | None = None) -> dict[str, str]:
+        """Models of the registered workers that are up (a suspect one still counts: it may come back),
+        each with the model settings its workers serve it with (a live worker's over a suspect one's;
+        kvcache_svc keeps the live workers of a model on the same). Raises `CallFailed` when
+        kvcache_svc does not answer (within `timeout`, by default the internal deadline)."""
+        workers = await self.kvcache.workers(timeout=timeout or self.config.internal_deadline_s)
+        up = sorted((w for w in workers if w.alive or w.suspect), key=lambda w: w.alive)
+        return {w.model: w.model_settings for w in up}
 
     async def place(self, record: SessionRecord) -> bool:
         """Admit and open the session on a live worker; False when no live worker has room now

@@ -106,7 +106,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             )
 
     async def _served_models(self) -> dict[str, ServedPreset]:
-        return {name: self.presets.get(name) for name in await self.placement.served_models()}
+        served = await self.placement.served_models()
+        self.presets.learn(served)
+        return {name: self.presets.get(name) for name in served}
 
     def background(self, work: Awaitable[None]) -> None:
         """Run `work` alongside the calls, holding a reference until it is done."""

@@ -29,6 +29,7 @@ import grpc
 from engine.batching import CPU_MAX_TOKENS, CUDA_MAX_TOKENS
 from inferix.errors import UserError
 from inferix.server import Registration, ServerOptions, add_server_arguments, run_server
+from inferix.spec.served import model_settings
 from workers.pod import add_parallel_arguments, rank, world_size
 
 if TYPE_CHECKING:
@@ -223,6 +224,7 @@ def serve(args: argparse.Namespace, model: Model, driver: PodDriver | None = Non
         args.worker_id,
         args.kvcache,
         args.kv_pages,
+        model_settings=model_settings(args.model) if args.model is not None else "",
         profile_dir=args.profile,
         max_batch_tokens=args.max_batch_tokens,
         capacity_probe_streams=args.capacity_probe,

@@ -11,6 +11,9 @@ class WorkerConfig:
     worker_id: str
     kvcache_address: str
     kv_pages: int
+    # How its model folder changes the model's preset (`inferix.spec.served.model_settings`), registered
+    # with kvcache_svc so that the scheduler sizes sessions by the preset this worker runs.
+    model_settings: str = ""
     heartbeat_interval_s: float = 2.0
     # Write a profiler report (every block of every session, engine regions) here on shutdown.
     profile_dir: Path | None = None

@@ -327,6 +327,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         await self.kvcache.register_and_heartbeat(
             address,
             self.model.name,
+            self.config.model_settings,
             describe_device(self.model.dit),
             self.config.heartbeat_interval_s,
             self.report,

@@ -24,6 +24,7 @@ from engine.noise import RecordedNoise
 from inferix.errors import UserError
 from inferix.spec.architectures import WanDiTConfig
 from inferix.spec.presets import _preset_data, available_presets, load_preset
+from inferix.spec.served import load_any_preset, load_served_preset, model_settings
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 TOLERANCE = 1e-5
@@ -120,6 +121,33 @@ def test_bad_preset_bases_are_user_errors(presets: dict[str, dict[str, Any]], me
         files[name].write_text(yaml.safe_dump(data))
     with pytest.raises(UserError, match=message):
         _preset_data("a", files, ())
+
+
+def test_a_workers_model_settings_rebuild_the_preset_it_runs(tmp_path: Path) -> None:
+    """What a worker registers (`model_settings`) gives the scheduler the preset its model folder
+    really runs, overrides included; a model by name registers nothing."""
+    folder = tmp_path / "small-toyworld"
+    folder.mkdir()
+    (folder / MODEL_YAML).write_text(
+        "preset: toyworld\nvideo: {height: 96, width: 128, fps: 12}\npipeline: {block: {num_frame_per_block: 1}}\n"
+        "files: {dit: weights.safetensors, vae: vae.safetensors, text_encoder: t5.safetensors, tokenizer: tok.json}\n"
+    )
+    for name in ("weights.safetensors", "vae.safetensors", "t5.safetensors", "tok.json"):
+        (folder / name).touch()
+    settings = model_settings(folder)
+    rebuilt = load_served_preset("toyworld", settings)
+    assert rebuilt == resolve_model_dir(folder).preset != load_any_preset("toyworld")
+    assert (rebuilt.video.height, rebuilt.video.width, rebuilt.fps) == (96, 128, 12)
+    assert model_settings(folder) == settings  # canonical: the same folder registers the same text
+    for by_name in ("toyworld", "toyworld-play-1f", "tiny"):
+        assert model_settings(by_name) == ""
+    assert load_served_preset("toyworld", "") == load_any_preset("toyworld")
+    (folder / MODEL_YAML).write_text("preset: matrixgame2-universal\n")  # nothing a session is sized by
+    assert model_settings(folder) == ""
+    with pytest.raises(UserError, match="not the JSON a worker registers"):
+        load_served_preset("toyworld", "{video")
+    with pytest.raises(UserError, match="names no preset"):
+        load_served_preset("toyworld", '{"video": {"fps": 8}}')
 
 
 def test_unknown_preset_lists_the_available_ones() -> None:

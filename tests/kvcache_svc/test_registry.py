@@ -13,7 +13,7 @@ from inferix.spec.blocks import CommittedBlock
 from inferix.spec.capacity import Resolution, StreamCapacity
 from inferix.store import Store, open_store
 from kvcache_svc.blocks import BlockStore
-from kvcache_svc.errors import AlreadyCommittedError, InvalidRequestError, NoCapacityError
+from kvcache_svc.errors import AlreadyCommittedError, InvalidRequestError, NoCapacityError, PreconditionError
 from kvcache_svc.registry import WORKERS_PREFIX, KVReport, Registry, WorkerRecord
 
 R64, R128 = Resolution(64, 64), Resolution(128, 128)
@@ -122,6 +122,34 @@ def test_a_departed_worker_is_never_chosen_until_it_registers_again(store_url: s
         back = await registry.register("w1", "h:9", "m", KVReport(total_pages=20))  # restarted
         assert registry.alive(back) and back.reservations == {"s1": 3}
         assert (await registry.admit("s4", "m", 3)).worker_id == "w1"
+
+    run(store_url, body)
+
+
+def test_live_workers_of_a_model_serve_it_with_the_same_model_settings(store_url: str) -> None:
+    async def body(a: Store, b: Store) -> None:
+        clock = Clock()
+        registry, replica = Registry(a, 10.0, clock), Registry(b, 10.0, clock)
+        small = '{"preset":"toyworld","video":{"height":96,"width":128}}'
+        first = await registry.register("w1", "h:1", "toyworld", KVReport(total_pages=20), model_settings=small)
+        assert first.model_settings == small
+        await replica.register("w2", "h:2", "toyworld", KVReport(total_pages=20), model_settings=small)
+        await replica.register("w3", "h:3", "other", KVReport(total_pages=20))  # another model: any settings
+        with pytest.raises(PreconditionError, match=r"'w4' serves model 'toyworld' with another model.yaml than live"):
+            await replica.register("w4", "h:4", "toyworld", KVReport(total_pages=20))
+        assert {r.worker_id: r.model_settings for r in await registry.workers()} == {
+            "w1": small,
+            "w2": small,
+            "w3": "",
+        }
+        # Once the others have drained or died, the model may be served otherwise (a rolling change).
+        await registry.deregister("w1")
+        clock.now += 11
+        await registry.register("w4", "h:4", "toyworld", KVReport(total_pages=20))
+        # A restarted worker keeps its sessions' reservations only with the settings they were made with.
+        assert (await registry.admit("s1", "toyworld", 3)).worker_id == "w4"
+        with pytest.raises(PreconditionError, match="holds reservations"):
+            await registry.register("w4", "h:4", "toyworld", KVReport(total_pages=20), model_settings=small)
 
     run(store_url, body)
 

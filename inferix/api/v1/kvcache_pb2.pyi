@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "kv", "reserved_pages", "last_seen_unix", "alive", "suspect", "departed", "capacity", "stream_load", "device", "realtime_factor")
+    __slots__ = ("worker_id", "address", "model", "kv", "reserved_pages", "last_seen_unix", "alive", "suspect", "departed", "capacity", "stream_load", "device", "realtime_factor", "model_settings")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class WorkerInfo(_message.Message):
     STREAM_LOAD_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     REALTIME_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
@@ -35,7 +36,8 @@ class WorkerInfo(_message.Message):
     stream_load: float
     device: str
     realtime_factor: float
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., reserved_pages: _Optional[int] = ..., last_seen_unix: _Optional[float] = ..., alive: _Optional[bool] = ..., suspect: _Optional[bool] = ..., departed: _Optional[bool] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ..., stream_load: _Optional[float] = ..., device: _Optional[str] = ..., realtime_factor: _Optional[float] = ...) -> None: ...
+    model_settings: str
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., reserved_pages: _Optional[int] = ..., last_seen_unix: _Optional[float] = ..., alive: _Optional[bool] = ..., suspect: _Optional[bool] = ..., departed: _Optional[bool] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ..., stream_load: _Optional[float] = ..., device: _Optional[str] = ..., realtime_factor: _Optional[float] = ..., model_settings: _Optional[str] = ...) -> None: ...
 
 class StreamCapacity(_message.Message):
     __slots__ = ("resolution", "streams", "block_ms", "budget_ms", "measured_up_to")
@@ -52,20 +54,22 @@ class StreamCapacity(_message.Message):
     def __init__(self, resolution: _Optional[_Union[_common_pb2.Resolution, _Mapping]] = ..., streams: _Optional[int] = ..., block_ms: _Optional[float] = ..., budget_ms: _Optional[float] = ..., measured_up_to: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "address", "model", "kv", "capacity", "device")
+    __slots__ = ("worker_id", "address", "model", "kv", "capacity", "device", "model_settings")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     KV_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_SETTINGS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     model: str
     kv: _common_pb2.KVUsage
     capacity: _containers.RepeatedCompositeFieldContainer[StreamCapacity]
     device: str
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ..., device: _Optional[str] = ...) -> None: ...
+    model_settings: str
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., model: _Optional[str] = ..., kv: _Optional[_Union[_common_pb2.KVUsage, _Mapping]] = ..., capacity: _Optional[_Iterable[_Union[StreamCapacity, _Mapping]]] = ..., device: _Optional[str] = ..., model_settings: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ("heartbeat_interval_s",)

@@ -1,0 +1,87 @@
+"""A worker serving a model folder whose model.yaml changes its preset (here toyworld at 128x96 and
+12 fps) registers those settings, and the scheduler sizes and defaults sessions by them: a session
+created without a size gets the folder's size, not the shipped preset's, and its frames equal
+`inferix generate --model FOLDER`. A worker of the same model with other settings is kept out of
+placement until the first one is gone."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from engine.families.wan.loader import MODEL_YAML, TOYWORLD_WEIGHTS
+from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc
+from inferix.client import BlockDone, Client, PromptChange
+from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
+from inferix.spec.served import model_settings
+from inferix_cli.mesh import Mesh, start_mesh
+from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
+
+BLOCKS = 3
+SEED = 5
+WIDTH, HEIGHT, FPS = 128, 96, 12
+
+
+@pytest.fixture(scope="module")
+def small_toyworld(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """toyworld's trained weights in a folder whose model.yaml makes 128x96 video at 12 fps."""
+    folder = tmp_path_factory.mktemp("small-toyworld")
+    for item in TOYWORLD_WEIGHTS.iterdir():
+        if item.name != MODEL_YAML:
+            (folder / item.name).symlink_to(item)
+    shipped = (TOYWORLD_WEIGHTS / MODEL_YAML).read_text()
+    (folder / MODEL_YAML).write_text(f"{shipped}video: {{width: {WIDTH}, height: {HEIGHT}, fps: {FPS}}}\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folder_mesh(tmp_path_factory: pytest.TempPathFactory, small_toyworld: Path) -> Iterator[Mesh]:
+    running = start_mesh(mesh_config(tmp_path_factory.mktemp("settings-mesh"), workers=1, model=small_toyworld))
+    yield running
+    running.stop()
+
+
+def _workers(mesh: Mesh) -> list[kvcache_pb2.WorkerInfo]:
+    with grpc.insecure_channel(mesh.kvcache.address) as channel:
+        stub = kvcache_pb2_grpc.KVCacheServiceStub(channel)
+        token = ((INTERNAL_TOKEN_HEADER, mesh.config.env[INTERNAL_TOKEN_ENV]),)
+        return list(stub.ListWorkers(kvcache_pb2.ListWorkersRequest(), timeout=30, metadata=token).workers)
+
+
+def test_sessions_are_sized_by_the_preset_the_worker_runs(folder_mesh: Mesh, small_toyworld: Path) -> None:
+    [worker] = _workers(folder_mesh)
+    assert worker.model == "toyworld" and worker.model_settings == model_settings(small_toyworld) != ""
+    schedule = (PromptChange(0, "a red ball"),)
+    with Client(folder_mesh.address, api_key=KEY_A, timeout=120) as client:
+        info = client.create_session(list(schedule), num_blocks=BLOCKS, seed=SEED)  # no size: the model's
+        assert (info.width, info.height) == (WIDTH, HEIGHT)
+        done = [e.block_index for e in client.events(info.session_id) if isinstance(e, BlockDone)]
+        assert client.get_session(info.session_id).state == "completed"
+    assert done == list(range(BLOCKS))
+    stream = stream_info(folder_mesh, info.session_id)
+    assert (stream.width, stream.height, stream.fps) == (WIDTH, HEIGHT, FPS)
+    flags = ("--model", str(small_toyworld))
+    assert stream.frames_sha256 == generate_digest(schedule, BLOCKS, SEED, flags)
+
+
+def test_a_worker_with_other_settings_for_the_same_model_is_kept_out(folder_mesh: Mesh) -> None:
+    started = folder_mesh.config
+    folder_mesh.config = dataclasses.replace(started, model=None)  # the shipped toyworld
+    try:
+        other = folder_mesh.add_worker("shipped-toyworld")
+    finally:
+        folder_mesh.config = started
+    try:
+        deadline = time.monotonic() + 60
+        while "another model.yaml" not in other.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "serves model 'toyworld' with another model.yaml than live worker" in other.log_tail()
+        assert [w.worker_id for w in _workers(folder_mesh)] == [folder_mesh.workers[0].name]
+    finally:
+        folder_mesh.workers.remove(other)
+        other.kill()
