@@ -28,6 +28,26 @@ log = logging.getLogger("inferix.worker")
 T = TypeVar("T")
 
 
+class EngineLock:
+    """The engine's lock (an `asyncio.Lock`, entered with `async with`) that also counts the calls
+    waiting for it, so that the batch pump, which keeps the engine thread stepping while nobody
+    waits, hands it over after the current step when somebody does."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self.waiting = 0  # read from the engine thread: an int's read is atomic
+
+    async def __aenter__(self) -> None:
+        self.waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self.waiting -= 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
 class EngineHost:
     """The engine of one loaded model, its KV pool, and the one thread that calls it."""
 
@@ -51,7 +71,7 @@ class EngineHost:
         assert pool is not None
         self.pool: KVPool = pool
         # One engine call at a time; a drain also takes it to wait for the call in progress.
-        self.lock = asyncio.Lock()
+        self.lock = EngineLock()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
     async def call(self, fn: Callable[..., T], *args: object) -> T:
