@@ -37,6 +37,7 @@ class WorkerRow:
     worker: str
     state: str  # serving | draining | suspect | silent
     model: str
+    model_settings: str  # its model folder's model.yaml as JSON ("": the preset as shipped)
     device: str
     sessions: int
     streams: str  # real-time streams per resolution measured
@@ -54,6 +55,7 @@ class WorkerRow:
             worker=info.worker_id,
             state=_state(info),
             model=info.model,
+            model_settings=info.model_settings,
             device=info.device or "?",
             sessions=info.kv.sessions,
             streams=", ".join(f"{c.streams} at {c.resolution.width}x{c.resolution.height}" for c in info.capacity)
@@ -88,7 +90,8 @@ def register(subparsers: Any) -> None:
         help="one line per worker, from kvcache_svc",
         description=(
             "Lists every worker kvcache_svc knows: state (serving, draining after SIGTERM, suspect: unreachable "
-            "since its last heartbeat, silent: no heartbeat within the timeout), model, device, sessions, "
+            "since its last heartbeat, silent: no heartbeat within the timeout), model (with '(model.yaml)' where "
+            "its model folder changes the shipped preset; --json gives the settings), device, sessions, "
             "real-time streams it holds and the share in use, its real-time factor over its recent blocks "
             "(video seconds per second of block time; below 1 its viewers stall), and KV pages used / reserved / "
             "total (offloaded to host memory). Needs the mesh token in INFERIX_INTERNAL_TOKEN (what the services "
@@ -156,7 +159,7 @@ def render(rows: list[WorkerRow]) -> str:
         (
             r.worker,
             r.state,
-            r.model,
+            r.model + (" (model.yaml)" if r.model_settings else ""),
             r.device,
             str(r.sessions),
             r.streams,

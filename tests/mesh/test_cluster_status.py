@@ -39,7 +39,7 @@ def test_cluster_status_lists_every_worker_with_its_load(mesh: Mesh, client: Cli
         rows = listed()
     assert set(rows) == {w.name for w in mesh.workers}
     for row in rows.values():
-        assert row["state"] == "serving" and row["model"] == "toyworld", row
+        assert row["state"] == "serving" and row["model"] == "toyworld" and row["model_settings"] == "", row
         assert row["device"].startswith("cpu: ") and row["kv_total"] > 0 and row["seen_s_ago"] < 30, row
         assert row["kv_used"] <= row["kv_total"] and row["load"] >= 0, row
 

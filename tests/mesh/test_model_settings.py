@@ -7,20 +7,20 @@ placement until the first one is gone."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
 from engine.families.wan.loader import MODEL_YAML, TOYWORLD_WEIGHTS
-from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc
 from inferix.client import BlockDone, Client, PromptChange
-from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
+from inferix.server import INTERNAL_TOKEN_ENV
 from inferix.spec.served import model_settings
 from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
+from tests.mesh.test_cluster_status import cluster_status
 
 BLOCKS = 3
 SEED = 5
@@ -46,16 +46,17 @@ def folder_mesh(tmp_path_factory: pytest.TempPathFactory, small_toyworld: Path) 
     running.stop()
 
 
-def _workers(mesh: Mesh) -> list[kvcache_pb2.WorkerInfo]:
-    with grpc.insecure_channel(mesh.kvcache.address) as channel:
-        stub = kvcache_pb2_grpc.KVCacheServiceStub(channel)
-        token = ((INTERNAL_TOKEN_HEADER, mesh.config.env[INTERNAL_TOKEN_ENV]),)
-        return list(stub.ListWorkers(kvcache_pb2.ListWorkersRequest(), timeout=30, metadata=token).workers)
+def _workers(mesh: Mesh, *args: str) -> list[str]:
+    """`inferix cluster status` lines (one JSON object per worker with --json)."""
+    result = cluster_status(mesh, *args, token=mesh.config.env[INTERNAL_TOKEN_ENV])
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
 
 
 def test_sessions_are_sized_by_the_preset_the_worker_runs(folder_mesh: Mesh, small_toyworld: Path) -> None:
-    [worker] = _workers(folder_mesh)
-    assert worker.model == "toyworld" and worker.model_settings == model_settings(small_toyworld) != ""
+    [worker] = map(json.loads, _workers(folder_mesh, "--json"))
+    assert worker["model"] == "toyworld" and worker["model_settings"] == model_settings(small_toyworld) != ""
+    assert _workers(folder_mesh)[1].split()[2:4] == ["toyworld", "(model.yaml)"]
     schedule = (PromptChange(0, "a red ball"),)
     with Client(folder_mesh.address, api_key=KEY_A, timeout=120) as client:
         info = client.create_session(list(schedule), num_blocks=BLOCKS, seed=SEED)  # no size: the model's
@@ -81,7 +82,8 @@ def test_a_worker_with_other_settings_for_the_same_model_is_kept_out(folder_mesh
         while "another model.yaml" not in other.log_tail() and time.monotonic() < deadline:
             time.sleep(0.5)
         assert "serves model 'toyworld' with another model.yaml than live worker" in other.log_tail()
-        assert [w.worker_id for w in _workers(folder_mesh)] == [folder_mesh.workers[0].name]
+        listed = [json.loads(line)["worker"] for line in _workers(folder_mesh, "--json")]
+        assert listed == [folder_mesh.workers[0].name]
     finally:
         folder_mesh.workers.remove(other)
         other.kill()
