@@ -1,8 +1,9 @@
-"""A worker serving a model folder whose model.yaml changes its preset (here toyworld at 128x96 and
+"""A worker serving a model folder whose model.yaml changes its preset (here toyworld at 160x96 and
 12 fps) registers those settings, and the scheduler sizes and defaults sessions by them: a session
 created without a size gets the folder's size, not the shipped preset's, and its frames equal
-`inferix generate --model FOLDER`. A worker of the same model with other settings is kept out of
-placement until the first one is gone."""
+`inferix generate --model FOLDER`, also across a scheduler restart (whose stored sessions are checked
+against the preset the workers run: 160x96 is not a size the shipped preset's KV pages divide). A
+worker of the same model with other settings is kept out of placement until the first one is gone."""
 
 from __future__ import annotations
 
@@ -21,15 +22,17 @@ from inferix.spec.served import model_settings
 from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
 from tests.mesh.test_cluster_status import cluster_status
+from tests.mesh.test_scheduler_restart import restart_scheduler
+from tests.store.redis_server import RedisServer
 
 BLOCKS = 3
 SEED = 5
-WIDTH, HEIGHT, FPS = 128, 96, 12
+WIDTH, HEIGHT, FPS = 160, 96, 12
 
 
 @pytest.fixture(scope="module")
 def small_toyworld(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """toyworld's trained weights in a folder whose model.yaml makes 128x96 video at 12 fps."""
+    """toyworld's trained weights in a folder whose model.yaml makes 160x96 video at 12 fps."""
     folder = tmp_path_factory.mktemp("small-toyworld")
     for item in TOYWORLD_WEIGHTS.iterdir():
         if item.name != MODEL_YAML:
@@ -40,8 +43,12 @@ def small_toyworld(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def folder_mesh(tmp_path_factory: pytest.TempPathFactory, small_toyworld: Path) -> Iterator[Mesh]:
-    running = start_mesh(mesh_config(tmp_path_factory.mktemp("settings-mesh"), workers=1, model=small_toyworld))
+def folder_mesh(
+    tmp_path_factory: pytest.TempPathFactory, small_toyworld: Path, redis_server: RedisServer
+) -> Iterator[Mesh]:
+    redis_server.flush(db=11)
+    workdir = tmp_path_factory.mktemp("settings-mesh")
+    running = start_mesh(mesh_config(workdir, workers=1, model=small_toyworld, redis_url=redis_server.url(db=11)))
     yield running
     running.stop()
 
@@ -68,6 +75,25 @@ def test_sessions_are_sized_by_the_preset_the_worker_runs(folder_mesh: Mesh, sma
     assert (stream.width, stream.height, stream.fps) == (WIDTH, HEIGHT, FPS)
     flags = ("--model", str(small_toyworld))
     assert stream.frames_sha256 == generate_digest(schedule, BLOCKS, SEED, flags)
+
+
+def test_a_restarted_scheduler_resumes_sessions_by_the_workers_preset(folder_mesh: Mesh, small_toyworld: Path) -> None:
+    schedule = (PromptChange(0, "a green ball"),)
+    blocks = 12
+    with Client(folder_mesh.address, api_key=KEY_A, timeout=120) as client:
+        info = client.create_session(list(schedule), num_blocks=blocks, seed=SEED + 1)
+        done = []
+        for event in client.events(info.session_id):
+            if isinstance(event, BlockDone):
+                done.append(event.block_index)
+                if event.block_index == 1:
+                    restart_scheduler(folder_mesh, "sigkill")
+        final = client.get_session(info.session_id)
+    assert done == list(range(blocks)) and final.state == "completed", (done, final)
+    assert "stored record is unreadable" not in folder_mesh.scheduler.log_tail()
+    flags = ("--model", str(small_toyworld))
+    digest = generate_digest(schedule, blocks, SEED + 1, flags)
+    assert stream_info(folder_mesh, info.session_id).frames_sha256 == digest
 
 
 def test_a_worker_with_other_settings_for_the_same_model_is_kept_out(folder_mesh: Mesh) -> None:
