@@ -9,6 +9,10 @@ sends each job its flow. Jobs join at any step (a session's next block starts at
 when their block is done, so the batch changes block by block while every job advances one call
 per step: no session runs ahead while another waits.
 
+A job may hand out an `Early` output on the way (a block's frames, before its context pass): the
+batcher keeps it until the next step for `take_early` and advances the job to its next call in the
+same step.
+
 Batching never changes a session's numbers: `CausalWanDiT.forward_batch` computes every row as it
 would alone (see its docstring), so a block is bit-identical whatever runs beside it. One caveat
 is measured, not assumed: CPU BLAS kernels treat a few small row counts on their own (fp32
@@ -32,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.families.wan.dit import CausalWanDiT, DiTCall
-from engine.families.wan.pipeline import DiTJob
+from engine.families.wan.pipeline import DiTJob, Early
 from engine.quant.linear import QuantLinear
 from inferix.profiling import profile
 
@@ -113,6 +117,7 @@ class BlockBatcher:
         self._lock = threading.Lock()  # add() may come from another thread than step()
         self._arriving: list[BatchJob[object]] = []
         self._running: list[BatchJob[object]] = []  # oldest first: the order the packing follows
+        self._early: list[tuple[BatchJob[object], object]] = []  # handed out in the last step
         self._invariant: dict[tuple[int, torch.dtype], bool] = {}
         # (in, out) of the DiT's linear layers, whatever its family: those a forward runs over its joined
         # rows are among them (the others only make the probe stricter).
@@ -132,6 +137,12 @@ class BlockBatcher:
         with self._lock:
             return bool(self._arriving or self._running)
 
+    def take_early(self) -> list[tuple[BatchJob[object], object]]:
+        """The `Early` outputs jobs handed out in the last step, in order, with their jobs (call it
+        between steps; the next step drops those not taken)."""
+        early, self._early = self._early, []
+        return early
+
     @property
     def running(self) -> int:
         """Jobs that have started and not finished."""
@@ -142,6 +153,7 @@ class BlockBatcher:
         """Start the arriving jobs, run one DiT call of every running job; the jobs finished."""
         with self._lock:
             arriving, self._arriving = self._arriving, []
+        self._early = []
         finished = [entry for entry in arriving if not self._advance(entry, start=True)]
         self._running.extend(entry for entry in arriving if not entry.done)
         for calls in self._forwards():
@@ -153,7 +165,7 @@ class BlockBatcher:
         """End every queued and running job with `error` (after a step failed outside any job)."""
         with self._lock:
             entries, self._arriving = [*self._running, *self._arriving], []
-        self._running = []
+        self._running, self._early = [], []
         for entry in entries:
             entry.job.close()
             entry.error, entry.done, entry.call = error, True, None
@@ -259,11 +271,15 @@ class BlockBatcher:
         try:
             if start:
                 entry.started_s = time.perf_counter()
-                entry.call = next(entry.job)
+                call = next(entry.job)
             elif error is not None:
-                entry.call = entry.job.throw(error)
+                call = entry.job.throw(error)
             else:
-                entry.call = entry.job.send(flow)
+                call = entry.job.send(flow)
+            while isinstance(call, Early):
+                self._early.append((entry, call.value))
+                call = entry.job.send(None)
+            entry.call = call
             return True
         except StopIteration as stop:
             entry.result = stop.value

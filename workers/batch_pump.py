@@ -12,6 +12,10 @@ the commit, the RPC reply) runs on the event loop while the next step computes. 
 block's latency, with the mean batch it ran in, feeds the worker's real-time capacity
 (`workers.capacity`).
 
+A block's frames leave before its context pass: its job hands them out (`Early`) as soon as they
+are decoded, and the pump passes them to the block's `on_early` on the event loop while the engine
+thread goes on with the context pass.
+
 Until a job finishes, the engine thread goes on to the next step by itself (a job submitted
 meanwhile joins it there) instead of returning to the event loop after every forward: each return
 costs a thread hop, about a millisecond on a busy small CPU, five times per block of one-frame
@@ -34,6 +38,7 @@ from workers.engine_host import EngineHost
 
 log = logging.getLogger("inferix.worker")
 Done = Callable[[BatchJob[object]], None]
+EarlyOutput = Callable[[VideoBlock], None]
 
 
 class BatchPump:
@@ -43,14 +48,18 @@ class BatchPump:
         self.host = host
         self.capacity = capacity
         self.batcher = host.engine.batcher(max_tokens, on_forward=self._observe_forward)
-        self._waiters: dict[BatchJob[object], tuple[Session, Done]] = {}
+        self._waiters: dict[BatchJob[object], tuple[Session, Done, EarlyOutput | None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._forward_s = 0.0  # forward seconds in the current step
 
-    def submit(self, video: Session, on_done: Done) -> None:
-        """Start the session's next block at the next step; `on_done(entry)` once it is done (or failed)."""
+    def submit(self, video: Session, on_done: Done, on_early: EarlyOutput | None = None) -> None:
+        """Start the session's next block at the next step; `on_early(block)` with its frames as soon
+        as they are decoded (a family whose jobs hand them out early; never after `on_done`), then
+        `on_done(entry)` once it is done (or failed)."""
+        self._loop = asyncio.get_running_loop()
         entry = self.batcher.add(video.block_job())
-        self._waiters[entry] = (video, on_done)
+        self._waiters[entry] = (video, on_done, on_early)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._pump())
 
@@ -74,11 +83,21 @@ class BatchPump:
 
     def _steps(self) -> list[BatchJob[object]]:
         """Batcher steps on the engine thread until a job finishes, none is left, or another engine
-        call waits for the lock; the jobs finished."""
+        call waits for the lock; the jobs finished. Early outputs go to the event loop as they come."""
+        assert self._loop is not None
         while True:
             finished = self.batcher.step()
+            for entry, value in self.batcher.take_early():
+                self._loop.call_soon_threadsafe(self._hand_out, entry, value)
             if finished or not self.batcher.busy or self.host.lock.waiting:
                 return finished
+
+    def _hand_out(self, entry: BatchJob[object], value: object) -> None:
+        """An early output, on the event loop (before its job's `on_done`, which is scheduled later)."""
+        waiter = self._waiters.get(entry)
+        if waiter is not None and waiter[2] is not None:
+            assert isinstance(value, VideoBlock)
+            waiter[2](value)
 
     async def _pump(self) -> None:
         """Step the batcher while it has jobs; the engine lock is free between steps."""
@@ -101,7 +120,7 @@ class BatchPump:
             engine.labels("decode").inc(decode_s)
             engine.labels("step").inc(max(stepped - began - self._forward_s - decode_s, 0.0))
             for entry in finished:
-                video, on_done = self._waiters.pop(entry)
+                video, on_done, _ = self._waiters.pop(entry)
                 if entry.error is None:
                     block = entry.value()
                     assert isinstance(block, VideoBlock)

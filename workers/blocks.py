@@ -8,6 +8,9 @@ per block. A block's output -- its frames to the streamer, then its latents to k
 reply -- runs on the event loop while the engine computes the next blocks; outputs of one session
 stay in order (each waits for the one before), and at most `OUTPUT_DEPTH` blocks of a session are
 done and not yet answered (a slow streamer or kvcache_svc holds that session back, not the others).
+A block's frames leave as soon as they are decoded, while its context pass still runs (where the
+family hands them out early, `BatchPump.submit`), once the block before is committed: a streamer
+that restarted is then re-sent every block before this one from kvcache_svc.
 
 A block's action and prompt are set right before its job starts: the action is a field of the
 session (no engine call), a prompt change is a text encoding on the engine thread, after which the
@@ -77,6 +80,7 @@ class BlockTicket:
     admitted: float = 0.0
     computed: float = 0.0
     scope: BlockScope | None = None
+    published: asyncio.Task[None] | None = None  # its frames, sent before its context pass ended
 
 
 @dataclass
@@ -254,7 +258,11 @@ class BlockLanes:
         ticket.scope = self.profiler.block(self._blocks_run - 1, session=session.session_id)
         ticket.scope.__enter__()
         try:
-            self.pump.submit(session.video, lambda entry: self._computed(session, ticket, entry))
+            self.pump.submit(
+                session.video,
+                lambda entry: self._computed(session, ticket, entry),
+                lambda block: self._decoded(session, ticket, block),
+            )
         except Exception as exc:  # noqa: BLE001 - e.g. a session past its last block
             ticket.scope.__exit__(type(exc), exc, None)
             self._not_started(session, ticket, exc)
@@ -265,6 +273,24 @@ class BlockLanes:
         self._answer(session, ticket, exc)
         self._feed(session)
 
+    def _decoded(self, session: WorkerSession, ticket: BlockTicket, block: VideoBlock) -> None:
+        """On the event loop: the block's frames exist (its context pass still runs): send them after
+        the session's previous block's output."""
+        ticket.published = asyncio.get_running_loop().create_task(
+            self._publish(session, block, session.last_output), context=ticket.context
+        )
+
+    async def _publish(self, session: WorkerSession, block: VideoBlock, before: asyncio.Future[None] | None) -> None:
+        """The block's frames to the streamer, once the outputs before it are done (in order, and
+        every block before it committed); not after a failed one."""
+        if before is not None:
+            await asyncio.wait([before])
+        if session.failed is not None:  # frames must not skip a block the streamer never got
+            raise session.failed
+        began = time.perf_counter()
+        await self.publisher.publish(session.streamer, session.session_id, session.video, session.fps, block)
+        metrics.BLOCK_STAGE_SECONDS.labels("publish").observe(time.perf_counter() - began)
+
     def _computed(self, session: WorkerSession, ticket: BlockTicket, entry: BatchJob[object]) -> None:
         """On the event loop, between two steps: hand the block to its output, start the next."""
         ticket.computed = time.perf_counter()
@@ -273,6 +299,8 @@ class BlockLanes:
         assert ticket.scope is not None
         if entry.error is not None:
             ticket.scope.__exit__(type(entry.error), entry.error, None)
+            if ticket.published is not None:  # a block that failed after its frames left: made again
+                ticket.published.cancel()
             self._answer(session, ticket, entry.error)
         else:
             block = entry.value()
@@ -295,10 +323,7 @@ class BlockLanes:
             await asyncio.wait([before])
         request = ticket.request
         try:
-            if session.failed is not None:  # frames must not skip a block the streamer never got
-                raise session.failed
-            began = time.perf_counter()
-            await self.publisher.publish(session.streamer, session.session_id, session.video, session.fps, block)
+            await (ticket.published or self._publish(session, block, None))
             published = time.perf_counter()
             await self.kvcache.commit(session.session_id, block, request.held_action)
             committed = time.perf_counter()
@@ -310,9 +335,7 @@ class BlockLanes:
             self._answer(session, ticket, exc)
             self._feed(session)
             return
-        stage = metrics.BLOCK_STAGE_SECONDS
-        stage.labels("publish").observe(published - began)
-        stage.labels("commit").observe(committed - published)
+        metrics.BLOCK_STAGE_SECONDS.labels("commit").observe(committed - published)
         made_under = request.held_action if request.HasField("held_action") else None
         event = block_event(
             self.worker_id, block.index, block.first_frame, block.frames.shape[0], block.prompt, made_under

@@ -317,8 +317,9 @@ class PodSession:
     def generate_block(self) -> BlockOutput:
         return self.driver.generate_block(self.session_id)
 
-    def block_job(self) -> DiTJob[BlockOutput]:
-        """A job with no calls to batch: a pod runs each block on all its ranks, one session at a time."""
+    def block_job(self, denoised: Callable[[BlockOutput], object] | None = None) -> DiTJob[BlockOutput]:
+        """A job with no calls to batch: a pod runs each block on all its ranks, one session at a time
+        (its frames are decoded once the block is done, so `denoised` is not called)."""
         yield from ()
         return self.generate_block()
 

@@ -30,6 +30,7 @@ receive prompt embeddings, never text, and decode nothing. Both implement `Block
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -90,8 +91,9 @@ class BlockSession(BlockLoop, Protocol):
 
     def generate_block(self) -> BlockOutput: ...
 
-    def block_job(self) -> DiTJob[BlockOutput]:
-        """`generate_block` as a job that a `BlockBatcher` runs with other sessions' jobs."""
+    def block_job(self, denoised: Callable[[BlockOutput], object] | None = None) -> DiTJob[BlockOutput]:
+        """`generate_block` as a job that a `BlockBatcher` runs with other sessions' jobs; `denoised`
+        (where the loop supports it) makes it yield an `Early` output before its context pass."""
         ...
 
     def set_prompt(self, prompt_embeds: Tensor, recache: bool = False) -> None: ...
@@ -175,11 +177,21 @@ class WanSession(SessionTail[VideoBlock]):
         return run_solo(self.model.dit, self.block_job())
 
     def block_job(self) -> DiTJob[VideoBlock]:
-        """`next_block` as a job: run alone, or batched with other sessions by a `BlockBatcher`."""
+        """`next_block` as a job: run alone, or batched with other sessions by a `BlockBatcher`.
+        The block is decoded as soon as it is denoised and handed out as `Early`, so that its frames
+        can leave while the context pass runs (a pod's loop decodes after it)."""
         if self.schema is not None:
             self._loop().set_key_rows(self._block_key_rows(self.loop.next_block_index))
-        block = yield from self.loop.block_job()
-        return self._decoded(block)
+        decoded: list[VideoBlock] = []
+
+        def decode(denoised: BlockOutput) -> VideoBlock:
+            decoded.append(self._decoded(denoised))
+            return decoded[0]
+
+        block = yield from self.loop.block_job(decode)
+        if not decoded:
+            return self._decoded(block)
+        return dataclasses.replace(decoded[0], context_s=block.timings.context_s)
 
     def hold(self, action: HeldAction) -> None:
         """Hold a parsed action (`parse_held_action`) from the next block on, until the next `hold`."""

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from engine.families.wan.autoencoders import load_vae
 from engine.families.wan.dit import CausalWanDiT, DiTCall
-from engine.families.wan.pipeline import BlockOutput, DiTJob, WanPipeline
+from engine.families.wan.pipeline import BlockOutput, DiTJob, Early, WanPipeline
 from engine.families.wan.text_encoder import UMT5Encoder
 from engine.families.wan.vae import WanVAE, to_unit_range
 from engine.flow_match import FlowMatchSchedule
@@ -116,9 +116,15 @@ def _finish_job(dit: CausalWanDiT, job: DiTJob[BlockOutput], call: DiTCall) -> B
     """Run a block job alone from its pending `call` on (`run_solo` after its first calls)."""
     try:
         while True:
-            call = job.send(dit.forward_batch([call])[0])
+            call = _dit_call(job.send(dit.forward_batch([call])[0]))
     except StopIteration as done:
         return cast(BlockOutput, done.value)
+
+
+def _dit_call(call: DiTCall | Early) -> DiTCall:
+    """A loop's block job asked for no `Early` output yields DiT calls only."""
+    assert isinstance(call, DiTCall), call
+    return call
 
 
 def _recorded_noise(inputs: dict[str, Tensor]) -> RecordedNoise:
@@ -222,9 +228,9 @@ def check_prompt_switches(case: WanCase, tol: float) -> Iterator[Comparison]:
                     segment += 1
                     session.set_prompt(embeds[segment], recache=True)
                 job = session.block_job()
-                call = next(job)
+                call = _dit_call(next(job))
                 if call.kind == "context_pass":  # the re-cache pass opens a block after a switch
-                    call = job.send(dit.forward_batch([call])[0])
+                    call = _dit_call(job.send(dit.forward_batch([call])[0]))
                     key = f"recache{recaches}_kv"
                     yield from _compare_kv(case, f"{name}.recache{recaches}", session.cache, own, key, tol)
                     recaches += 1

@@ -20,14 +20,16 @@ blocks, and can be rebuilt from committed block latents alone (recovery by recom
 A block is written as a job: a generator that yields each DiT call it needs (`DiTCall`) and is
 sent the flow prediction back. `generate_block` runs the job alone (`run_solo`); a
 `engine.batching.BlockBatcher` runs many sessions' jobs together, one batched forward per
-step. Either way the session computes exactly the same thing.
+step. Either way the session computes exactly the same thing. A job may also yield an `Early`
+value: what can leave before the job ends (a block's decoded frames, before the context pass that
+only the next block needs); the runner hands it out and goes on.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -45,9 +47,18 @@ from inferix.profiling import profile
 from inferix.spec.sampling import PipelineConfig, rope_rebase
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Early:
+    """A job's output that is ready before the job ends (sent None back)."""
+
+    value: object
+
+
 # A computation that needs DiT forwards: yields each call, is sent its flow (None for a context
-# pass, `DiTCall.cache_only`), returns a T.
-DiTJob = Generator[DiTCall, Tensor | None, T]
+# pass, `DiTCall.cache_only`), returns a T; it may yield an `Early` output on the way.
+DiTJob = Generator[DiTCall | Early, Tensor | None, T]
 
 
 def run_solo(dit: CausalWanDiT, job: DiTJob[T]) -> T:
@@ -55,6 +66,9 @@ def run_solo(dit: CausalWanDiT, job: DiTJob[T]) -> T:
     try:
         call = next(job)
         while True:
+            if isinstance(call, Early):  # alone, the result carries it too
+                call = job.send(None)
+                continue
             with profile(call.kind):
                 flow = dit.forward_batch([call])[0]
             call = job.send(flow)
@@ -293,8 +307,10 @@ class WanLoop:
         """Denoise the next block, write it into the cache with a context pass, and return it."""
         return run_solo(self.dit, self.block_job())
 
-    def block_job(self) -> DiTJob[BlockOutput]:
-        """`generate_block` as a job (see the module docstring); run it under `torch.no_grad()`."""
+    def block_job(self, denoised: Callable[[BlockOutput], object] | None = None) -> DiTJob[BlockOutput]:
+        """`generate_block` as a job (see the module docstring); run it under `torch.no_grad()`.
+        `denoised`: called with the block once it is denoised, before its context pass; the job
+        yields what it returns as `Early`."""
         if self.closed:
             raise RuntimeError(f"session {self.session_id} is closed")
         if self.num_blocks is not None and self.next_block_index >= self.num_blocks:
@@ -323,21 +339,18 @@ class WanLoop:
                 t_next = torch.full((1, nf), 0, dtype=steps.dtype, device=device) + steps[i + 1].to(device)
                 x = self.pipeline.schedule.add_noise(x0, self._step_noise(block, i, x0, flow), t_next)
         self._sync()
-        denoised = time.perf_counter()
+        denoised_s = time.perf_counter()
+        output = BlockOutput(block, start, x0, BlockTimings(denoised_s - began, 0.0), step_x0, recached)
+        if denoised is not None:
+            yield Early(denoised(output))
+        context_began = time.perf_counter()
         yield from self._context_pass(x0, start)
         self._sync()
-        finished = time.perf_counter()
+        output.timings.context_s = time.perf_counter() - context_began
 
         self.next_block_index += 1
         self.next_frame += nf
-        return BlockOutput(
-            index=block,
-            start_frame=start,
-            latents=x0,
-            timings=BlockTimings(denoise_s=denoised - began, context_s=finished - denoised),
-            step_x0=step_x0,
-            recached=recached,
-        )
+        return output
 
     @torch.no_grad()
     def replay(
