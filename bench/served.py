@@ -9,8 +9,9 @@ start-up capacity probe, whose claim is printed next to the real-time streams se
 whose sessions each got the model's fps or more): what a worker claims for admission should be what
 it serves. From the worker's
 metrics it also prints the sessions per batched forward, where a served block's time goes (the
-worker's `inferix_worker_block_stage_seconds`: scheduler round trip, admission, compute, frame
-publishing, commit) and what the worker's engine thread did with its wall time
+worker's `inferix_worker_block_stage_seconds`: scheduler round trip, admission, frames handed out
+before the context pass (from admission; 0 for a tree without it), compute, frame publishing,
+commit) and what the worker's engine thread did with its wall time
 (`inferix_worker_engine_seconds_total`: forwards, decodes, the rest of the steps, gaps between
 steps, idle), and the CPU each process used over the run (worker, streamer, scheduler, kvcache_svc,
 the clients in this process; in-engine: this process), as % of all cores: on a small machine the
@@ -151,7 +152,7 @@ def scrape(port: int) -> dict[str, float]:
 
 
 CPU_PARTS = ("worker", "streamer", "scheduler", "kvcache", "client")
-STAGES = ("dispatch", "admit", "compute", "publish", "commit")
+STAGES = ("dispatch", "admit", "frames", "compute", "publish", "commit")
 PARTS = ("forward", "decode", "step", "gap")
 
 

@@ -276,6 +276,7 @@ class BlockLanes:
     def _decoded(self, session: WorkerSession, ticket: BlockTicket, block: VideoBlock) -> None:
         """On the event loop: the block's frames exist (its context pass still runs): send them after
         the session's previous block's output."""
+        metrics.BLOCK_STAGE_SECONDS.labels("frames").observe(time.perf_counter() - ticket.admitted)
         ticket.published = asyncio.get_running_loop().create_task(
             self._publish(session, block, session.last_output), context=ticket.context
         )

@@ -38,11 +38,12 @@ BATCH_RUNNING = Gauge("inferix_worker_batch_running", "Block jobs in progress in
 # from the reply to the session's previous block to this block's request (the scheduler's round trip),
 # `admit` until its job joins the batcher (session order, prompt change), `compute` in the batcher
 # until it is done (its DiT calls batched with the others', then its decode), `publish` of its frames,
-# `commit` of its latents, until the reply.
+# `commit` of its latents, until the reply. `frames`: from its admission until its frames are decoded
+# and handed out to publishing, before its context pass (families that hand them out early).
 BLOCK_STAGE_SECONDS = Histogram(
     "inferix_worker_block_stage_seconds",
     "Seconds a served block spends in each stage: dispatch (scheduler round trip since the previous "
-    "block's reply), admit, compute, publish, commit",
+    "block's reply), admit, compute, publish, commit; frames: admission to its frames handed out",
     ["stage"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8),
 )

@@ -75,3 +75,5 @@ def test_next_blocks_wait_at_the_worker_and_frames_equal_generate(one_worker: Me
     ahead = dispatch["0.001"]
     expected = len(SCHEDULES) * (BLOCKS - 2) - 1
     assert ahead >= expected, dispatch
+    # Every block's frames were handed out to publishing before its job ended (before its context pass).
+    assert stage_counts(one_worker, "frames")["+Inf"] == len(SCHEDULES) * BLOCKS
