@@ -100,7 +100,7 @@ class BatchPump:
             waiter[2](value)
 
     async def _pump(self) -> None:
-        """Step the batcher while it has jobs; the engine lock is free between steps."""
+        """Step the batcher while it has jobs; the engine lock is free between runs of steps (`_steps`)."""
         engine = metrics.ENGINE_SECONDS
         stepped: float | None = None
         while self.batcher.busy:

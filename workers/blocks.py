@@ -302,6 +302,7 @@ class BlockLanes:
             ticket.scope.__exit__(type(entry.error), entry.error, None)
             if ticket.published is not None:  # a block that failed after its frames left: made again
                 ticket.published.cancel()
+                ticket.published.add_done_callback(_retrieved)
             self._answer(session, ticket, entry.error)
         else:
             block = entry.value()
@@ -378,6 +379,12 @@ class BlockLanes:
         session.unanswered -= 1
         if not session.unanswered:
             session.settled.set()
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    """Take the outcome of a publish nobody awaits (its block failed): asyncio would log it as lost."""
+    if not task.cancelled():
+        task.exception()
 
 
 def block_event(
