@@ -156,10 +156,13 @@ class Registry:
     def _key(worker_id: str) -> str:
         return WORKERS_PREFIX + worker_id
 
+    def up(self, record: WorkerRecord) -> bool:
+        """Heartbeating and not departed (a suspect one may still come back)."""
+        return self.clock() - record.last_seen_unix <= self.heartbeat_timeout_s and not record.departed
+
     def alive(self, record: WorkerRecord) -> bool:
-        """Placement may choose it: heartbeating, not departed, not suspect."""
-        fresh = self.clock() - record.last_seen_unix <= self.heartbeat_timeout_s
-        return fresh and not record.departed and not record.suspect
+        """Placement may choose it: up and not suspect."""
+        return self.up(record) and not record.suspect
 
     def load(self, record: WorkerRecord, ignore_session: str = "") -> WorkerLoad:
         """Placement view of `record`; `ignore_session`'s own reservation does not count, so that
@@ -214,8 +217,7 @@ class Registry:
                 f"worker {worker_id!r} reports {kv.used_pages} used pages, more than its {kv.total_pages} total"
             )
         for other in await self.workers():
-            fresh = self.clock() - other.last_seen_unix <= self.heartbeat_timeout_s
-            same_model = other.worker_id != worker_id and other.model == model and fresh and not other.departed
+            same_model = other.worker_id != worker_id and other.model == model and self.up(other)
             if same_model and other.model_settings != model_settings:
                 raise PreconditionError(
                     f"worker {worker_id!r} serves model {model!r} with another model.yaml than live worker "

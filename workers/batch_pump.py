@@ -49,7 +49,6 @@ class BatchPump:
         self.capacity = capacity
         self.batcher = host.engine.batcher(max_tokens, on_forward=self._observe_forward)
         self._waiters: dict[BatchJob[object], tuple[Session, Done, EarlyOutput | None]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._forward_s = 0.0  # forward seconds in the current step
 
@@ -57,7 +56,6 @@ class BatchPump:
         """Start the session's next block at the next step; `on_early(block)` with its frames as soon
         as they are decoded (a family whose jobs hand them out early; never after `on_done`), then
         `on_done(entry)` once it is done (or failed)."""
-        self._loop = asyncio.get_running_loop()
         entry = self.batcher.add(video.block_job())
         self._waiters[entry] = (video, on_done, on_early)
         if self._task is None or self._task.done():
@@ -81,14 +79,13 @@ class BatchPump:
         self._forward_s += stats.seconds
         metrics.observe_forward(stats)
 
-    def _steps(self) -> list[BatchJob[object]]:
+    def _steps(self, loop: asyncio.AbstractEventLoop) -> list[BatchJob[object]]:
         """Batcher steps on the engine thread until a job finishes, none is left, or another engine
-        call waits for the lock; the jobs finished. Early outputs go to the event loop as they come."""
-        assert self._loop is not None
+        call waits for the lock; the jobs finished. Early outputs go to `loop` as they come."""
         while True:
             finished = self.batcher.step()
             for entry, value in self.batcher.take_early():
-                self._loop.call_soon_threadsafe(self._hand_out, entry, value)
+                loop.call_soon_threadsafe(self._hand_out, entry, value)
             if finished or not self.batcher.busy or self.host.lock.waiting:
                 return finished
 
@@ -110,7 +107,7 @@ class BatchPump:
                     began = time.perf_counter()
                     if stepped is not None:
                         engine.labels("gap").inc(began - stepped)
-                    finished = await self.host.in_thread(self._steps)
+                    finished = await self.host.in_thread(self._steps, asyncio.get_running_loop())
             except Exception as exc:  # a failure outside any one job: every block in progress fails with it
                 log.exception("batcher step failed")
                 finished = self.batcher.fail_all(exc)
