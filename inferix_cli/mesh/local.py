@@ -402,35 +402,50 @@ def _wait_registered(config: MeshConfig, kvcache: ServiceProcess, workers: list[
 
 def start_mesh(config: MeshConfig) -> Mesh:
     """Start every service; internal calls carry a fresh random token (INFERIX_INTERNAL_TOKEN) and viewer
-    tokens are signed with a fresh secret (INFERIX_VIEWER_SECRET)."""
+    tokens are signed with a fresh secret (INFERIX_VIEWER_SECRET).
+
+    Services that need nothing of each other start side by side (kvcache_svc with the streamer, the
+    workers with each other): each spends its first seconds importing and loading, so a mesh is up in
+    the time of its slowest chain, kvcache_svc -> workers -> scheduler, not of all its processes.
+    The scheduler still starts after the workers listen, so that a scheduler resuming stored sessions
+    finds the workers' model settings."""
     if config.ranks_per_worker < 1:
         raise ValueError(f"ranks_per_worker must be >= 1, got {config.ranks_per_worker}")
     config.env.setdefault(INTERNAL_TOKEN_ENV, secrets.token_hex(16))
     config.env.setdefault(SECRET_ENV, secrets.token_urlsafe(32))
     started: list[ServiceProcess] = []
+    starting: list[StartingService] = []
+
+    def ready(service: StartingService) -> ServiceProcess:
+        running = service.wait()
+        starting.remove(service)
+        started.append(running)
+        return running
+
     try:
-        kvcache = _launch_kvcache(config).wait()
-        started.append(kvcache)
         rtmp_server, rtmp_url, rtmp_note = _rtmp(config)
         if rtmp_server is not None:
             started.append(rtmp_server.process)
-        streamer = _launch_streamer(config, rtmp_url).wait()
-        started.append(streamer)
+        kvcache_start, streamer_start = _launch_kvcache(config), _launch_streamer(config, rtmp_url)
+        starting += [kvcache_start, streamer_start]
+        kvcache = ready(kvcache_start)
+        worker_starts = [_launch_worker(config, f"worker{i}", kvcache.address) for i in range(config.workers)]
+        starting += worker_starts
+        streamer = ready(streamer_start)
         scheme = "https" if config.tls else "http"
         viewer_url = f"{scheme}://{streamer.host}:{streamer.ports['http']}"
-        workers = []
-        for i in range(config.workers):
-            workers.append(_launch_worker(config, f"worker{i}", kvcache.address).wait())
-            started.append(workers[-1])
-        scheduler = _launch_scheduler(
-            config, kvcache.address, streamer.address, viewer_url, rtmp_url, config.scheduler_port
-        ).wait()
-        started.append(scheduler)
+        workers = [ready(worker) for worker in worker_starts]
+        addresses = (kvcache.address, streamer.address, viewer_url, rtmp_url)
+        scheduler_start = _launch_scheduler(config, *addresses, config.scheduler_port)
+        starting.append(scheduler_start)
+        scheduler = ready(scheduler_start)
         mesh = Mesh(config, kvcache, streamer, workers, scheduler, rtmp_server, rtmp_url, rtmp_note, viewer_url)
         _check_scheduler(config, scheduler, mesh.health_address)
         _wait_registered(config, kvcache, workers)
         return mesh
     except BaseException:
+        for service in starting:
+            service.kill()
         for process in reversed(started):
             process.stop()
         raise

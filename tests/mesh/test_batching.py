@@ -20,7 +20,7 @@ from inferix.api.v1 import kvcache_pb2, kvcache_pb2_grpc
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
 from inferix.server import INTERNAL_TOKEN_ENV, INTERNAL_TOKEN_HEADER
 from inferix_cli.mesh import Mesh, start_mesh
-from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
+from tests.mesh.conftest import KEY_A, generate_digests, mesh_config, stream_info
 
 SESSIONS = [(f"ball number {i} bouncing", 10 + i) for i in range(6)]
 BLOCKS = 8
@@ -60,11 +60,12 @@ def test_six_sessions_share_batches_fairly_and_each_equals_generate(one_worker: 
         futures = [pool.submit(run_session, one_worker, prompt, seed) for prompt, seed in SESSIONS]
         results = [f.result(timeout=600) for f in futures]
 
-    for (session_id, _, arrivals), (prompt, seed) in zip(results, SESSIONS, strict=True):
+    expected = generate_digests([((PromptChange(0, prompt),), BLOCKS, seed) for prompt, seed in SESSIONS])
+    for (session_id, _, arrivals), digest in zip(results, expected, strict=True):
         assert len(arrivals) == BLOCKS
         streamed = stream_info(one_worker, session_id)
         assert streamed.finished and streamed.frames == BLOCKS * 3
-        assert streamed.frames_sha256 == generate_digest((PromptChange(0, prompt),), BLOCKS, seed)
+        assert streamed.frames_sha256 == digest
 
     # No session starves: they advance together, so every one ends close to the others.
     durations = [duration for _, duration, _ in results]

@@ -19,7 +19,7 @@ import pytest
 
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
 from inferix_cli.mesh import Mesh, start_mesh
-from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
+from tests.mesh.conftest import KEY_A, generate_digests, mesh_config, stream_info
 
 BLOCKS = 8
 SCHEDULES = [
@@ -64,10 +64,11 @@ def test_next_blocks_wait_at_the_worker_and_frames_equal_generate(one_worker: Me
         futures = [pool.submit(run_session, one_worker, schedule, 20 + i) for i, schedule in enumerate(SCHEDULES)]
         session_ids = [f.result(timeout=600) for f in futures]
 
-    for session_id, (i, schedule) in zip(session_ids, enumerate(SCHEDULES), strict=True):
+    expected = generate_digests([(schedule, BLOCKS, 20 + i) for i, schedule in enumerate(SCHEDULES)])
+    for session_id, digest in zip(session_ids, expected, strict=True):
         streamed = stream_info(one_worker, session_id)
         assert streamed.finished and streamed.frames == BLOCKS * 3
-        assert streamed.frames_sha256 == generate_digest(schedule, BLOCKS, 20 + i)
+        assert streamed.frames_sha256 == digest
 
     # Every block but a session's first two (the first is not sent ahead; the second is sent on the first's
     # answer) and the one with the prompt change was at the worker before the block before it was answered.
