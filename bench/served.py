@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import os
 
-# The worker's OpenMP wait (workers/__main__.py), for the in-engine figure too: the same policy on both
-# sides, and a spinning bench would starve the mesh it measures.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from inferix.openmp import openmp_wait
+
+# The worker's OpenMP wait (inferix/openmp.py), for the in-engine figure too: the same policy on both
+# sides, and a long-spinning bench would starve the mesh it measures.
+os.environ.update(openmp_wait(os.environ))
 
 import argparse
 import re

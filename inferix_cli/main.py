@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from inferix import __version__
 from inferix.errors import UserError
+from inferix.openmp import openmp_wait
 
 # Each module exposes `register(subparsers)`, which adds one sub-command whose parser
 # sets `func(args) -> int`.
@@ -38,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    os.environ.update(openmp_wait(os.environ))  # before a command loads torch (inferix/openmp.py)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 
+from inferix.openmp import openmp_wait
+
 # Before torch loads its OpenMP runtime: a worker shares its cores with its own event loop and gRPC
-# threads (and, under `inferix serve`, with the other services). OpenMP threads that spin while they
-# wait starve those threads and each other: a 2-thread CPU worker on a busy 2-core machine ran tens
-# of times slower spinning than sleeping (bench/served.py). The bits computed do not change.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# threads (and, under `inferix serve`, with the other services), so its OpenMP threads spin only
+# briefly before they sleep (inferix/openmp.py).
+os.environ.update(openmp_wait(os.environ))
 
 import argparse
 import asyncio

@@ -1,0 +1,79 @@
+"""How torch's OpenMP threads should wait, measured: toyworld's in-engine throughput (bench/batching.py, 1
+and 8 sessions batched) under each wait setting, on an idle machine and beside busy processes, in one run.
+
+Settings (each in its own process: the OpenMP runtime reads them once, when torch loads it):
+- `spin`: the runtime's default (libgomp spins ~300,000 times before a waiting thread sleeps);
+- `passive`: OMP_WAIT_POLICY=PASSIVE (sleep at once; what workers did before inferix/openmp.py);
+- `bounded`: GOMP_SPINCOUNT=10000 (what workers and the CLI now set);
+- `1 thread`: no OpenMP wait at all (the reference for what a second thread is worth).
+
+"Busy": `--hogs` processes (default: one per core) that spin in pure Python beside the bench, as other
+tenants of a shared machine or the mesh's other services do.
+
+    python -P bench/openmp_wait.py [--threads 2] [--rounds 3] [--hogs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS: dict[str, dict[str, str]] = {
+    "spin": {},
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "bounded": {"GOMP_SPINCOUNT": "10000"},
+    "1 thread": {},
+}
+
+
+def batching(setting: str, threads: int, rounds: int) -> dict[int, float]:
+    """Batched frames/s by session count, bench/batching.py in a process of its own with `setting`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env |= SETTINGS[setting]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "batching.json"
+        command = [sys.executable, "-P", str(ROOT / "bench" / "batching.py"), "--model", "toyworld"]
+        command += ["--sessions", "1,8", "--rounds", str(rounds), "--json", str(out)]
+        command += ["--threads", "1" if setting == "1 thread" else str(threads)]
+        subprocess.run(command, env=env, check=True, capture_output=True, cwd=ROOT, timeout=1800)
+        rows = json.loads(out.read_text())["rows"]
+    return {int(row["sessions"]): float(row["batched_fps"]) for row in rows}
+
+
+def hogs(count: int) -> list[subprocess.Popen[bytes]]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the multi-thread settings")
+    parser.add_argument("--rounds", type=int, default=3, help="bench/batching.py rounds per N (default 3)")
+    parser.add_argument("--hogs", type=int, default=os.cpu_count() or 2, help="busy processes (default: cores)")
+    args = parser.parse_args()
+    figures: dict[str, dict[str, dict[int, float]]] = {}
+    for machine in ("idle", "busy"):
+        running = hogs(args.hogs) if machine == "busy" else []
+        try:
+            figures[machine] = {s: batching(s, args.threads, args.rounds) for s in SETTINGS}
+        finally:
+            for hog in running:
+                hog.kill()
+                hog.wait()
+    print(f"toyworld batched frames/s, {args.threads} threads (1 thread: one), {args.hogs} busy process(es) when busy")
+    print(f"{'machine':8} {'N':>2} " + " ".join(f"{s:>9}" for s in SETTINGS) + "  bounded/passive  bounded/spin")
+    for machine, by_setting in figures.items():
+        for n in (1, 8):
+            fps = {s: by_setting[s][n] for s in SETTINGS}
+            cells = " ".join(f"{fps[s]:9.1f}" for s in SETTINGS)
+            ratios = f"{fps['bounded'] / fps['passive']:15.2f}x {fps['bounded'] / fps['spin']:12.2f}x"
+            print(f"{machine:8} {n:>2} {cells}  {ratios}")
+
+
+if __name__ == "__main__":
+    main()
