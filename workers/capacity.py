@@ -46,6 +46,12 @@ class CapacityMeter:
             previous = samples.get(size)
             samples[size] = block_s if previous is None else (1 - EMA_WEIGHT) * previous + EMA_WEIGHT * block_s
 
+    def clear(self) -> None:
+        """Forget every latency recorded so far (a warm-up's, which first calls make slow)."""
+        with self._lock:
+            self._latency.clear()
+            self._budget.clear()
+
     def at(self, width: int, height: int) -> StreamCapacity | None:
         """The capacity at this resolution (None: nothing measured at it)."""
         with self._lock:

@@ -37,6 +37,11 @@ class CapacityProbe:
         if not self.host.engine.capabilities.batching:  # blocks run whole, one at a time: no batch sizes
             limit = min(limit, 1)
         began = time.perf_counter()
+        if limit > 0:
+            # Unmeasured: a worker's first block is slow (allocations, kernel choices, lazy start-up), and
+            # a meter that kept it fitted a flat latency curve from 1 to 8 sessions and claimed 256 streams.
+            await self._probe(1)
+            self.capacity.clear()
         n = 1
         while 0 < n <= limit and await self._probe(n):
             n = limit + 1 if n == limit else min(2 * n, limit)

@@ -15,6 +15,9 @@ class WorkerConfig:
     # with kvcache_svc so that the scheduler sizes sessions by the preset this worker runs.
     model_settings: str = ""
     heartbeat_interval_s: float = 2.0
+    # torch CPU threads of the engine thread, the only thread of the worker with more than one (see
+    # `workers.engine_host`; 0: torch's default, every core).
+    threads: int = 0
     # Write a profiler report (every block of every session, engine regions) here on shutdown.
     profile_dir: Path | None = None
     # Token rows per batched forward at most (continuous batching across sessions); 0: by device.

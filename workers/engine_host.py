@@ -7,6 +7,13 @@ block runs, and never two at once. One dedicated thread rather than asyncio's sh
 blocking call of the event loop (a snapshot's serialisation) queues behind a batcher step, nor a
 batcher step behind it. On rank 0 of a worker pod (`driver` given, see
 `workers/pod.py`) the same calls become pod commands that every rank executes.
+
+The engine thread is also the only thread with several torch CPU threads (`config.threads`); every
+other thread of the worker runs torch single-threaded. libgomp, the OpenMP runtime of torch's CPU
+wheels, throttles its threads' spinning to almost nothing once the process holds more OpenMP threads
+than there are cores, and each thread that runs a parallel region keeps a team of its own: a model
+loaded on the main thread at 2 threads left the engine thread's toyworld blocks 2.9x slower (77 vs
+26 ms) than with the main thread at one (`python -P bench/served.py`, bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
+
+import torch
 
 from engine.capabilities import EngineRequest, check
 from engine.contract import Engine
@@ -72,7 +81,12 @@ class EngineHost:
         self.pool: KVPool = pool
         # One engine call at a time; a drain also takes it to wait for the call in progress.
         self.lock = EngineLock()
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.threads = config.threads or torch.get_num_threads()
+        self._thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="engine", initializer=_engine_thread_torch, initargs=(self.threads,)
+        )
+        self._thread.submit(int).result()  # the engine thread takes its torch threads now, ...
+        torch.set_num_threads(1)  # ... and every thread started later (and this one) runs torch on one
 
     async def call(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the engine thread, under the lock."""
@@ -82,3 +96,10 @@ class EngineHost:
     async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the engine thread; the caller holds `lock`."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+
+def _engine_thread_torch(threads: int) -> None:
+    """The engine thread's torch CPU threads, taken at once: a thread reads torch's process-wide count when
+    it first runs torch, and the worker sets that count to one right after."""
+    torch.set_num_threads(threads)
+    torch.get_num_threads()

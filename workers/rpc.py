@@ -328,7 +328,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             address,
             self.model.name,
             self.config.model_settings,
-            describe_device(self.model.dit),
+            describe_device(self.model.dit, self.host.threads),
             self.config.heartbeat_interval_s,
             self.report,
             self.offload,
@@ -375,10 +375,10 @@ def add_to_server(server: grpc.aio.Server, service: WorkerService) -> Registrati
     return Registration([SERVICE_NAME], drain=service.drain)
 
 
-def describe_device(dit: torch.nn.Module) -> str:
-    """What the worker computes on, for operators: the device and, for a pod, its ranks."""
+def describe_device(dit: torch.nn.Module, threads: int) -> str:
+    """What the worker computes on, for operators: the device (on a CPU, the engine thread's torch threads)
+    and, for a pod, its ranks."""
     device = next(dit.parameters()).device
-    threads = torch.get_num_threads()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{threads} thread{'s' * (threads != 1)}"
     ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     return f"{device.type}: {ranks} x {what}" if ranks > 1 else f"{device.type}: {what}"

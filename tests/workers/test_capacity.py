@@ -66,6 +66,17 @@ def test_a_pinned_capacity_overrides_the_measured_streams_only() -> None:
         CapacityMeter(FPS, pinned_streams=-1)
 
 
+def test_cleared_latencies_are_forgotten_and_later_ones_stand_alone() -> None:
+    meter = CapacityMeter(FPS)
+    meter.record(64, 64, 1, 0.900, FRAMES)  # a slow first block (the probe's warm-up)
+    meter.clear()
+    assert meter.at(64, 64) is None and meter.capacities() == []
+    meter.record(64, 64, 1, 0.030, FRAMES)
+    cap = meter.at(64, 64)
+    # 30 ms of a 187.5 ms budget: 6 streams (blended with the cleared 900 ms it would be none)
+    assert cap is not None and cap.streams == 6 and cap.block_ms == pytest.approx(180.0)
+
+
 def test_the_worker_probe_measures_its_native_resolution_with_batched_sessions() -> None:
     """The real startup probe of a toyworld worker (no other service needed: it talks to none)."""
     model = load_wan_model("toyworld")
