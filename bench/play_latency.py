@@ -173,6 +173,7 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--smooth-lookahead", type=int, default=1, help="the smooth session's lookahead (default 1)")
     p.add_argument("--seed", type=int, default=1, help="seed of the pauses between key events")
+    p.add_argument("--threads", type=int, default=1, help="the worker's torch threads (default 1)")
     p.add_argument("--chromium", default="/usr/bin/chromium")
     p.add_argument(
         "--model",
@@ -593,9 +594,10 @@ def main() -> None:
         y, x = np.mgrid[0:32, 0:48]
         Image.fromarray(np.stack([x * 5, y * 7, (x + y) * 3], axis=-1).astype(np.uint8)).save(workdir / "start.png")
         (workdir / "mesh").mkdir()
-        config = MeshConfig(workdir=workdir / "mesh", workers=1, worker_threads=1, model=Path(args.model))
+        config = MeshConfig(workdir=workdir / "mesh", workers=1, worker_threads=args.threads, model=Path(args.model))
         config.capacity_probe, config.realtime_streams, config.lookahead = 0, 64, 0
-        print(f"mesh: 1 worker serving {args.model}; {args.presses} presses per mode {modes} ...", flush=True)
+        print(f"mesh: 1 worker serving {args.model} ({args.threads} torch thread(s)); {args.presses} presses per mode "
+              f"{modes} ...", flush=True)  # fmt: skip
         mesh = start_mesh(config)
         runs: list[Run] = []
         motion: list[MotionRun] = []
