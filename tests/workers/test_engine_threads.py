@@ -30,11 +30,13 @@ engine_threads = host._thread.submit(torch.get_num_threads).result()
 host._thread.submit(big_op).result()
 with_engine_team = tasks()
 big_op()
-other = threading.Thread(target=big_op)
+after_main = tasks()
+in_other = []  # counted while that thread runs: a joined thread may linger in /proc for a moment
+other = threading.Thread(target=lambda: (big_op(), in_other.append(tasks())))
 other.start()
 other.join()
 print(json.dumps({"engine": engine_threads, "main": torch.get_num_threads(), "engine_team": with_engine_team,
-                  "after_others": tasks()}))
+                  "after_main": after_main, "in_other": in_other[0]}))
 """
 
 
@@ -43,4 +45,5 @@ def test_only_the_engine_thread_runs_torch_on_several_threads() -> None:
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert (seen["engine"], seen["main"]) == (2, 1), seen
     # the engine thread's team exists; the main thread's op and another thread's made no team of their own
-    assert seen["after_others"] == seen["engine_team"], seen
+    assert seen["after_main"] == seen["engine_team"], seen
+    assert seen["in_other"] == seen["engine_team"] + 1, seen  # that thread itself, and no team of its own
