@@ -10,6 +10,11 @@ Settings (each in its own process: the OpenMP runtime reads them once, when torc
 "Busy": `--hogs` processes (default: one per core) that spin in pure Python beside the bench, as other
 tenants of a shared machine or the mesh's other services do.
 
+Then, idle, where a worker's blocks run (`--threads` torch threads, bounded spin, ms per toyworld block
+after 5): on the thread that loaded the model (as `inferix generate`); on a second thread after a load
+at the same count on the main thread (a worker before workers/engine_host.py kept its other threads at
+one: two OpenMP teams); on a second thread after a load at one thread (a worker now: one team).
+
     python -P bench/openmp_wait.py [--threads 2] [--rounds 3] [--hogs N]
 """
 
@@ -46,6 +51,37 @@ def batching(setting: str, threads: int, rounds: int) -> dict[int, float]:
     return {int(row["sessions"]): float(row["batched_fps"]) for row in rows}
 
 
+LAYOUT = """
+import sys, threading, time, torch
+from concurrent.futures import ThreadPoolExecutor
+from engine.contract import SessionRequest
+from engine.registry import load_engine
+layout, threads = sys.argv[1], int(sys.argv[2])
+torch.set_num_threads(1 if layout == "engine thread, main at 1" else threads)
+engine = load_engine("toyworld", kv_pages=256)
+def blocks():
+    torch.set_num_threads(threads)
+    with engine.open_session(SessionRequest(prompt="a red ball", seed=1, session_id="s")) as session:
+        for _ in range(5):
+            session.next_block()
+        began = time.perf_counter()
+        for _ in range(40):
+            session.next_block()
+        return 1e3 * (time.perf_counter() - began) / 40
+print(blocks() if layout == "main thread" else ThreadPoolExecutor(1).submit(blocks).result())
+"""
+LAYOUTS = ("main thread", "engine thread, main at N", "engine thread, main at 1")
+
+
+def layout_ms(layout: str, threads: int) -> float:
+    """ms per toyworld block where `layout` runs them, in a process of its own with the bounded spin."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env |= SETTINGS["bounded"]
+    command = [sys.executable, "-P", "-c", LAYOUT, layout, str(threads)]
+    done = subprocess.run(command, env=env, check=True, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    return float(done.stdout.split()[-1])
+
+
 def hogs(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
@@ -73,6 +109,11 @@ def main() -> None:
             cells = " ".join(f"{fps[s]:9.1f}" for s in SETTINGS)
             ratios = f"{fps['bounded'] / fps['passive']:15.2f}x {fps['bounded'] / fps['spin']:12.2f}x"
             print(f"{machine:8} {n:>2} {cells}  {ratios}")
+    main_ms = layout_ms(LAYOUTS[0], args.threads)
+    print(f"\nidle, {args.threads} threads, bounded spin: ms per toyworld block, and against the main thread")
+    for layout in LAYOUTS:
+        ms = main_ms if layout == LAYOUTS[0] else layout_ms(layout, args.threads)
+        print(f"  {layout:26} {ms:6.1f} ms  {ms / main_ms:5.2f}x")
 
 
 if __name__ == "__main__":

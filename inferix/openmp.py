@@ -1,14 +1,14 @@
 """How torch's OpenMP threads wait between parallel regions: set before torch loads its runtime.
 
 libgomp (the runtime of torch's CPU wheels) reads its wait settings once, when it loads. Its default
-spins about 300,000 times before a waiting thread sleeps: fastest on an idle machine, and a collapse on a
-shared one, where a spinning thread burns the time slice that the thread it waits for needs (a
-2-thread toyworld `inferix generate` beside two busy processes: 5.9 frames/s against 55.8 with one
-thread). Sleeping at once (`OMP_WAIT_POLICY=PASSIVE`) survives the load but pays a wake-up per
-parallel region, and a small model's forward is hundreds of short regions: toyworld ran 2.3x slower
-at 2 threads on an idle machine. A short bounded spin (`GOMP_SPINCOUNT=10000`, some microseconds)
-keeps the idle speed and falls back to sleeping under load (`python bench/openmp_wait.py`,
-bench/RESULTS.md). The bits computed do not change with the wait.
+spins about 300,000 times before a waiting thread sleeps: fastest on an idle machine, and fragile on a
+shared one, where a spinning thread burns the time slice that the thread it waits for needs. Sleeping
+at once (`OMP_WAIT_POLICY=PASSIVE`) pays a wake-up per parallel region, and a small model's forward is
+hundreds of short regions: on an idle machine toyworld at 2 threads ran 2.0-2.8x slower than with a
+short bounded spin (`GOMP_SPINCOUNT=10000`, some microseconds), which keeps 0.75-0.98x the default's
+speed. Beside busy processes the three settings trade places from run to run; one torch thread is the
+robust choice there (`python -P bench/openmp_wait.py`, bench/RESULTS.md). The bits computed do not
+change with the wait.
 """
 
 from __future__ import annotations

@@ -179,12 +179,11 @@ def main() -> None:
     level = args.log_level if me == 0 else logging.WARNING  # a follower: warnings, and its pod lifecycle
     logging.basicConfig(level=level, format=f"%(asctime)s {name} %(levelname)s %(message)s")
     logging.getLogger("inferix.worker.pod").setLevel(logging.INFO)
-    if pod:  # each rank computes on its main thread
-        if args.threads:
-            torch.set_num_threads(args.threads)
-    else:  # the engine thread computes; no other thread of the worker runs several (workers/engine_host.py)
+    if not pod:  # the engine thread computes; no other thread of the worker runs several (workers/engine_host.py)
         args.threads = args.threads or torch.get_num_threads()
         torch.set_num_threads(1)
+    elif args.threads:  # each rank computes on its main thread
+        torch.set_num_threads(args.threads)
     dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     try:
         family = family_capabilities(args.model)

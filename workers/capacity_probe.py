@@ -39,7 +39,7 @@ class CapacityProbe:
         began = time.perf_counter()
         if limit > 0:
             # Unmeasured: a worker's first block is slow (allocations, kernel choices, lazy start-up), and
-            # a meter that kept it fitted a flat latency curve from 1 to 8 sessions and claimed 256 streams.
+            # a meter that kept it fitted a flat latency curve from 1 to 8 sessions and claimed every stream.
             await self._probe(1)
             self.capacity.clear()
         n = 1

@@ -12,8 +12,8 @@ The engine thread is also the only thread with several torch CPU threads (`confi
 other thread of the worker runs torch single-threaded. libgomp, the OpenMP runtime of torch's CPU
 wheels, throttles its threads' spinning to almost nothing once the process holds more OpenMP threads
 than there are cores, and each thread that runs a parallel region keeps a team of its own: a model
-loaded on the main thread at 2 threads left the engine thread's toyworld blocks 2.9x slower (77 vs
-26 ms) than with the main thread at one (`python -P bench/served.py`, bench/RESULTS.md).
+loaded on the main thread at 2 threads left the engine thread's toyworld blocks 3x slower than with
+the main thread at one (`python -P bench/openmp_wait.py`, bench/RESULTS.md).
 """
 
 from __future__ import annotations

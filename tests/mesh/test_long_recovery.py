@@ -2,8 +2,8 @@
 
 kvcache_svc serves a session's blocks in pages of ~4 MiB; the worker fetches and replays them one page
 at a time, so it never holds the whole history. Toyworld at 256x256 (a 32x32x8 latent per frame,
-96 KiB per block; per byte of history it replays 2.4x faster than 512x512, whose attention spans 4x
-the tokens), 704 committed blocks (66 MiB, 17 pages) are replayed and continued: the next block
+96 KiB per block; a byte of history replays faster than at 512x512, whose attention spans 4x the
+tokens), 704 committed blocks (66 MiB, 17 pages) are replayed and continued: the next block
 carries on from frame 2,112, and every restored block is reported.
 """
 

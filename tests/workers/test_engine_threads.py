@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 SCRIPT = """
-import json, os, threading
+import asyncio, json, os, threading
 import torch
 torch.set_num_threads(1)  # as `python -m workers` does before it loads the model
 from engine.registry import LoadOptions, load_model
@@ -26,8 +26,8 @@ def big_op():
     torch.ones(1 << 22).mul_(2).sum()  # far above torch's grain size: parallel at any count above one
 
 host = EngineHost(load_model("toyworld", LoadOptions()), WorkerConfig("w", "127.0.0.1:1", 64, threads=2))
-engine_threads = host._thread.submit(torch.get_num_threads).result()
-host._thread.submit(big_op).result()
+engine_threads = asyncio.run(host.in_thread(torch.get_num_threads))
+asyncio.run(host.in_thread(big_op))
 with_engine_team = tasks()
 big_op()
 after_main = tasks()
