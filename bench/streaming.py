@@ -45,7 +45,7 @@ from inferix.viewer_token import ViewerTokens
 from inferix_cli.mesh.launch import start_service
 from streamer.encoder import LIBX264, H264Encoder
 from streamer.packets import StreamFormat
-from streamer.sinks import Mp4Recorder
+from streamer.segments import SegmentedRecorder
 
 WIDTH, HEIGHT, FPS = 832, 480, 16.0
 BITS = 16  # frame index cells in the top band
@@ -107,7 +107,7 @@ def _throughput(frames: int, encoder: str, out: multiprocessing.Queue) -> None:
     scenes = [scene(i).tobytes() for i in range(48)]  # three seconds, looped
     with tempfile.TemporaryDirectory() as tmp:
         h264 = H264Encoder(fmt, encoder)
-        mp4 = Mp4Recorder(Path(tmp) / "bench.mp4", fmt)
+        mp4 = SegmentedRecorder(Path(tmp), "bench", fmt)
         flv = av.open(io.BytesIO(), "w", format="flv")
         flv_stream = None
         per_frame = []

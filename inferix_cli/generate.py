@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from inferix.errors import UserError
+from inferix.frames_digest import FramesDigest
 from inferix.spec import parse_prompt_schedule
 from inferix.spec.families.matrixgame import TINY_MODEL
 from inferix.spec.presets import DEFAULT_MODEL
@@ -153,7 +153,6 @@ def run(args: argparse.Namespace) -> int:
         schedule = parse_prompt_schedule(args.prompt, args.prompt_at, args.recache, num_blocks=args.blocks)
         check(family, request)
 
-    import numpy as np
     import torch
     from tqdm import tqdm
 
@@ -189,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = time.perf_counter()
     first_block_s = 0.0
     frames = 0
-    digest = hashlib.sha256()  # over the raw frames: the same digest the streamer reports
+    digest = FramesDigest()  # the same digest the streamer reports
     track = None
     if args.actions is not None:
         if engine.action_schema is None:
@@ -221,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
                 block = video.next_block()
                 scope.pixel_frames = block.frames.shape[0]
             writer.write(block.frames)
-            digest.update(np.ascontiguousarray(block.frames).tobytes())
+            digest.update_frames(block.frames)
             frames += block.frames.shape[0]
             if index == 0:
                 first_block_s = time.perf_counter() - loaded

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -63,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=48,
         help="frames buffered per session between ingest and encoder; a full queue slows that session's pushes",
+    )
+    parser.add_argument(
+        "--segment-seconds",
+        type=float,
+        default=4.0,
+        help="a recording in progress is written in closed segments of this length; a restarted streamer keeps "
+        "all but the segment in progress, and workers hold that much video to re-send (default: %(default)s)",
     )
     env = os.environ.get
     live = parser.add_argument_group("live outputs (RTMP push, WebRTC viewers)")
@@ -298,6 +306,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.queue_frames < 1:
         parser.error("--queue-frames must be at least 1")
+    if not (math.isfinite(args.segment_seconds) and args.segment_seconds > 0):
+        parser.error(f"--segment-seconds must be a positive number of seconds, got {args.segment_seconds:g}")
     try:
         codec = resolve_encoder(args.encoder)
     except ValueError as exc:
@@ -319,7 +329,13 @@ def main(argv: list[str] | None = None) -> None:
     pacing = PacingConfig(args.jitter_buffer_ms / 1e3, UnderrunPolicy(args.underrun_policy), args.max_backlog_s)
     rtmp = RtmpConfig(args.rtmp_url) if args.rtmp_url else None
     live = LiveConfig(pacing, rtmp, args.max_viewers, _ice_servers(parser, args))
-    config = StreamerConfig(data_dir=data_dir.resolve(), codec=codec, queue_frames=args.queue_frames, live=live)
+    config = StreamerConfig(
+        data_dir=data_dir.resolve(),
+        segment_seconds=args.segment_seconds,
+        codec=codec,
+        queue_frames=args.queue_frames,
+        live=live,
+    )
     if args.http_port is None:
         args.http_port = 0 if args.port == 0 else 8088
     options = ServerOptions.from_args(args)

@@ -45,13 +45,16 @@ class H264Encoder:
         context.open()
         self._context = context
 
-    def encode(self, rgb: bytes, frame_index: int) -> list[EncodedPacket]:
-        """Encode one frame (`width*height*3` bytes); returns the packets the encoder had ready (maybe none)."""
+    def encode(self, rgb: bytes, frame_index: int, keyframe: bool = False) -> list[EncodedPacket]:
+        """Encode one frame (`width*height*3` bytes); returns the packets the encoder had ready (maybe none).
+        `keyframe`: make it an IDR frame (a recording segment starts there), besides the regular ones."""
         fmt = self.format
         pixels = np.frombuffer(rgb, dtype=np.uint8).reshape(fmt.height, fmt.width, 3)
         frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
         frame.pts = frame_index
         frame.time_base = fmt.time_base
+        if keyframe:  # closed GOPs (the default): a forced I frame is an IDR
+            frame.pict_type = av.video.frame.PictureType.I
         return self._packets(self._context.encode(frame))
 
     def flush(self) -> list[EncodedPacket]:

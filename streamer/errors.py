@@ -18,8 +18,14 @@ class FrameRejected(StreamerError):
 
 
 class StreamStartsMidway(StreamerError):
-    """The first frame this process sees of a session is not frame 0 (the streamer restarted):
-    the sender re-sends the video from frame 0 (`VideoFrame.backfill`)."""
+    """The first frame this process sees of a session is past where it can go on (the streamer
+    restarted): frame 0, or the first frame after its recording journal's. The sender re-sends from
+    there (`VideoFrame.backfill`; `GetStreamInfo.frames` says where)."""
+
+
+class FramesMissing(StreamerError):
+    """FinishStream names more frames than the streamer holds (it restarted and kept its durable ones):
+    the sender re-sends from `GetStreamInfo.frames`, then finishes again."""
 
 
 class SessionNotFound(StreamerError):

@@ -12,8 +12,9 @@ fsynced, and itself written atomically (temporary file, fsync, rename). So:
   - an `<id>.mp4` without a manifest (a crash between the MP4's rename and the manifest's) is never
     served: nothing vouches for its frames;
   - an MP4 whose size differs from the manifest's (truncated or replaced since) is not served.
-A session in progress is rebuilt by its worker, which re-sends its video from frame 0 to a streamer
-that lost it; its recording then gets its manifest when it finishes.
+A session in progress goes on from its recording journal (`streamer.segments`), or, when no segment
+of it was complete, from frame 0, re-sent by its worker; its recording then gets its manifest when it
+finishes.
 
 The streamer has no store of its own (no Redis client); the recordings folder is its persistence,
 a PersistentVolume in the Helm chart (`streamer.recordings.persistence`).
@@ -37,6 +38,8 @@ log = logging.getLogger("inferix.streamer.finished")
 MANIFEST_VERSION = 1
 MANIFEST_SUFFIX = ".mp4.json"
 PART_SUFFIX = ".mp4.part"  # inferix.media.Mp4Writer's partial file of `<id>.mp4`
+JOURNAL_SUFFIX = ".journal.json"
+SEGMENTS_SUFFIX = ".segments"
 
 
 def recording_path(data_dir: Path, session_id: str) -> Path:
@@ -45,6 +48,16 @@ def recording_path(data_dir: Path, session_id: str) -> Path:
 
 def manifest_path(data_dir: Path, session_id: str) -> Path:
     return data_dir / f"{session_id}{MANIFEST_SUFFIX}"
+
+
+def journal_path(data_dir: Path, session_id: str) -> Path:
+    """The journal of a recording in progress (`streamer.segments`)."""
+    return data_dir / f"{session_id}{JOURNAL_SUFFIX}"
+
+
+def segments_dir(data_dir: Path, session_id: str) -> Path:
+    """The closed segments of a recording in progress (`streamer.segments`)."""
+    return data_dir / f"{session_id}{SEGMENTS_SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,8 @@ class FinishedRecording:
         return ingest.check(frame)
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a folder (which makes a rename in it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -97,7 +111,7 @@ def write_manifest(data_dir: Path, manifest: Manifest) -> None:
     the recordings on a volume; a killed process alone would not lose the page cache.
     """
     mp4 = recording_path(data_dir, manifest.session_id)
-    _fsync(mp4)
+    fsync_path(mp4)
     target = manifest_path(data_dir, manifest.session_id)
     tmp = target.with_name(target.name + ".tmp")
     with tmp.open("w") as out:
@@ -105,7 +119,7 @@ def write_manifest(data_dir: Path, manifest: Manifest) -> None:
         out.flush()
         os.fsync(out.fileno())
     tmp.replace(target)
-    _fsync(data_dir)  # the rename itself
+    fsync_path(data_dir)  # the rename itself
 
 
 def _parse(session_id: str, text: str) -> Manifest:
@@ -129,10 +143,14 @@ def load_finished(data_dir: Path, session_id: str) -> FinishedRecording:
     try:
         text = manifest_path(data_dir, session_id).read_text()
     except FileNotFoundError:
-        if (data_dir / f"{session_id}{PART_SUFFIX}").exists() or mp4.exists():
+        if (
+            (data_dir / f"{session_id}{PART_SUFFIX}").exists()
+            or mp4.exists()
+            or segments_dir(data_dir, session_id).exists()
+        ):
             raise SessionNotFound(
                 f"no session {session_id!r}: its recording was not finished (the streamer stopped while "
-                "writing it); the incomplete file is not served"
+                "writing it, before a segment was complete); the incomplete file is not served"
             ) from None
         raise SessionNotFound(f"no session {session_id!r}: no frame was pushed for it") from None
     try:

@@ -1,6 +1,6 @@
 """The data that crosses from the encoder to the outputs: a stream's format and its packets.
 
-These two dataclasses are the whole contract between `EncodedStream` and a `PacketSink`: they are
+These dataclasses are the whole contract between `EncodedStream` and a `PacketSink`: they are
 plain values (no PyAV objects), so a sink can keep them, pass them to another thread or turn them
 into whatever its protocol needs (an MP4 sample, an FLV tag, RTP payloads) without caring about
 the encoder's buffer lifetimes.
@@ -42,6 +42,15 @@ class StreamFormat:
 
 
 @dataclass(frozen=True)
+class SegmentStart:
+    """The frame that starts a new recording segment (encoded as a keyframe) and the frames digest
+    (`inferix.frames_digest`, hex) of every frame before it."""
+
+    frame_index: int
+    digest: str
+
+
+@dataclass(frozen=True)
 class EncodedPacket:
     """One H.264 access unit in Annex B form (start codes; SPS/PPS repeated on every keyframe).
 
@@ -61,6 +70,9 @@ class EncodedPacket:
     block_index: int = 0
     trace_context: Context | None = field(default=None, compare=False, repr=False)
     received_s: float | None = None  # time.monotonic() when ingest accepted the frame
+    # Set on the first packet of a recording segment (`streamer.segments`): where it starts and the
+    # frames digest before it, which the recording's journal records when the previous segment closes.
+    segment: SegmentStart | None = None
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from streamer.encoder import LIBX264
 from streamer.errors import (
     EncoderFailed,
     FrameRejected,
+    FramesMissing,
     RecordingNotReady,
     SessionFinished,
     SessionNotFound,
@@ -32,10 +33,12 @@ from streamer.errors import (
     StreamStartsMidway,
 )
 from streamer.finished import FinishedRecording, load_finished
-from streamer.ingest import Admission, IngestState, first_frame_format
+from streamer.ingest import Admission, IngestState, first_frame_format, valid_session_id
 from streamer.link import LinkHub
 from streamer.live import LiveConfig, LiveRegistry
 from streamer.metrics import FRAMES_DUPLICATE, FRAMES_RECEIVED, FRAMES_REJECTED, SESSIONS_ACTIVE
+from streamer.packets import StreamFormat
+from streamer.segments import Journal, load_journal
 from streamer.session import StreamSession
 
 log = logging.getLogger("inferix.streamer")
@@ -48,7 +51,8 @@ _STATUS: dict[type[StreamerError], grpc.StatusCode] = {
     SessionFinished: grpc.StatusCode.FAILED_PRECONDITION,
     RecordingNotReady: grpc.StatusCode.FAILED_PRECONDITION,
     EncoderFailed: grpc.StatusCode.INTERNAL,
-    StreamStartsMidway: grpc.StatusCode.OUT_OF_RANGE,  # the worker re-sends the video from frame 0
+    StreamStartsMidway: grpc.StatusCode.OUT_OF_RANGE,  # the worker re-sends from GetStreamInfo.frames
+    FramesMissing: grpc.StatusCode.OUT_OF_RANGE,  # likewise, then finishes again
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,  # the worker waits for the next streamer process
 }
 
@@ -58,6 +62,7 @@ class StreamerConfig:
     """Settings of one streamer process."""
 
     data_dir: Path  # recordings are written here as <session id>.mp4
+    segment_seconds: float = 4.0  # a recording in progress is durable up to its last segment (streamer.segments)
     codec: str = LIBX264  # a resolved encoder name (see encoder.resolve_encoder)
     queue_frames: int = 48  # frames buffered per session between ingest and encoder (4 Wan blocks)
     chunk_bytes: int = 256 * 1024  # GetRecording chunk size; well below gRPC's default 4 MiB receive limit
@@ -99,7 +104,8 @@ async def _abort(context: grpc.aio.ServicerContext, error: StreamerError, suffix
 
 class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
     """Frame ingest, encode and recordings for many concurrent sessions. Sessions are held in memory;
-    a finished one is also answered for from its manifest on disk after a restart (`streamer.finished`)."""
+    a finished one is also answered for from its manifest on disk after a restart (`streamer.finished`),
+    and one in progress goes on from its recording journal (`streamer.segments`)."""
 
     def __init__(self, config: StreamerConfig, link: LinkHub) -> None:
         self.config = config
@@ -117,40 +123,71 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
     def recording(self, session_id: str) -> Path:
         """A finished session's MP4 (`SessionNotFound`, `RecordingNotReady`, `EncoderFailed` otherwise)."""
         session = self._session(session_id)
+        if isinstance(session, Journal):
+            raise RecordingNotReady(
+                f"session {session_id!r} is not finished ({session.frames} frames so far); call FinishStream first"
+            )
         return session.path if isinstance(session, FinishedRecording) else session.recording()
 
-    def _session(self, session_id: str) -> StreamSession | FinishedRecording:
-        """The session this process holds, else a recording a previous streamer process finished."""
+    def _session(self, session_id: str) -> StreamSession | FinishedRecording | Journal:
+        """The session this process holds, else a recording a previous streamer process finished, else
+        the journal of one it was making (`streamer.segments`)."""
         session = self._sessions.get(session_id)
         if session is not None:
             return session
-        return load_finished(self.config.data_dir, session_id)
+        try:
+            return load_finished(self.config.data_dir, session_id)
+        except SessionNotFound:
+            journal = load_journal(self.config.data_dir, session_id) if valid_session_id(session_id) else None
+            if journal is None:
+                raise
+            return journal
 
     def _session_for(self, frame: streamer_pb2.VideoFrame) -> StreamSession | FinishedRecording:
         """The frame's session; its first frame opens it (no await here: two pushes cannot both open it)."""
         session = self._sessions.get(frame.session_id)
-        if session is None:
-            try:  # finished before a restart: re-sent frames are duplicates, new ones refused
-                return load_finished(self.config.data_dir, frame.session_id)
-            except SessionNotFound:
-                pass
-            ingest = IngestState(frame.session_id, first_frame_format(frame))
-            live = self.live.get_or_create(frame.session_id)
-            config = self.config
-            session = StreamSession.open(
-                ingest, config.data_dir, config.codec, config.queue_frames, live, live_now=not frame.backfill
+        if session is not None:
+            return session
+        try:  # finished before a restart: re-sent frames are duplicates, new ones refused
+            return load_finished(self.config.data_dir, frame.session_id)
+        except SessionNotFound:
+            pass
+        journal = load_journal(self.config.data_dir, frame.session_id) if valid_session_id(frame.session_id) else None
+        if journal is None:
+            return self._open(frame.session_id, first_frame_format(frame), None, live_now=not frame.backfill)
+        if frame.frame_index > journal.frames:
+            raise StreamStartsMidway(
+                f"session {frame.session_id!r} has frames 0..{journal.frames - 1} in this streamer (it restarted): "
+                f"send its video from frame {journal.frames}, got frame {frame.frame_index}"
             )
-            self._sessions[frame.session_id] = session
-            log.info(
-                "session %s opened: %dx%d at %g fps%s", frame.session_id, frame.width, frame.height, frame.fps,
-                " (its video re-sent from frame 0 after a restart)" if frame.backfill else "",
-            )  # fmt: skip
+        return self._open(frame.session_id, journal.format, journal, live_now=not frame.backfill)
+
+    def _open(self, session_id: str, fmt: StreamFormat, journal: Journal | None, live_now: bool) -> StreamSession:
+        """Start recording a session, from frame 0 or after a previous process's journal."""
+        config = self.config
+        ingest = IngestState(session_id, fmt, next_index=journal.frames if journal is not None else 0)
+        session = StreamSession.open(
+            ingest,
+            config.data_dir,
+            config.codec,
+            config.queue_frames,
+            max(1, round(fmt.fps * config.segment_seconds)),
+            self.live.get_or_create(session_id),
+            live_now=live_now,
+            resumed=journal,
+        )
+        self._sessions[session_id] = session
+        if journal is not None:
+            how = f" (resumed after frame {journal.frames - 1}, from its recording journal)"
+        else:
+            how = "" if live_now else " (its video re-sent from frame 0 after a restart)"
+        log.info("session %s opened: %dx%d at %g fps%s", session_id, fmt.width, fmt.height, fmt.fps, how)
         return session
 
     async def PushFrames(
         self, request_iterator: AsyncIterator[streamer_pb2.PushFramesRequest], context: grpc.aio.ServicerContext
     ) -> streamer_pb2.PushFramesResponse:
-        accepted = duplicates = 0
+        accepted = duplicates = durable = 0
         async for request in request_iterator:
             frame = request.frame
             try:
@@ -158,8 +195,10 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
                 session = self._session_for(frame)
                 if isinstance(session, FinishedRecording):
                     admission = session.admit(frame)
+                    durable = session.manifest.frames
                 else:
                     admission = await session.push(frame)
+                    durable = session.durable_frames
             except StreamerError as error:
                 FRAMES_REJECTED.labels(_reason(error)).inc()
                 suffix = f" [this call accepted {accepted} and skipped {duplicates} frames before it; they are kept]"
@@ -171,7 +210,7 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             else:
                 duplicates += 1
                 FRAMES_DUPLICATE.inc()
-        return streamer_pb2.PushFramesResponse(accepted=accepted, duplicates=duplicates)
+        return streamer_pb2.PushFramesResponse(accepted=accepted, duplicates=duplicates, durable_frames=durable)
 
     def _refuse_while_draining(self) -> None:
         if self.draining:  # a session finalized by the drain must not look finished to its worker
@@ -191,10 +230,30 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
     ) -> streamer_pb2.FinishStreamResponse:
         try:
             self._refuse_while_draining()
-            frames = await self._finish(self._session(request.session_id))
+            session = self._session(request.session_id)
+            if isinstance(session, Journal):
+                if request.frames != session.frames:
+                    raise FramesMissing(
+                        f"session {request.session_id!r} has frames 0..{session.frames - 1} in this streamer "
+                        f"(it restarted){self._claimed(request.frames)}: re-send from frame {session.frames}, "
+                        "then finish it"
+                    )
+                session = self._open(request.session_id, session.format, session, live_now=False)
+            if isinstance(session, StreamSession) and not session.finalized and request.frames:
+                held = session.ingest.next_index
+                if request.frames != held:
+                    raise FramesMissing(
+                        f"session {request.session_id!r} has frames 0..{held - 1} in this streamer"
+                        f"{self._claimed(request.frames)}: re-send from frame {held}, then finish it"
+                    )
+            frames = await self._finish(session)
         except StreamerError as error:
             await _abort(context, error)
         return streamer_pb2.FinishStreamResponse(frames=frames)
+
+    @staticmethod
+    def _claimed(frames: int) -> str:
+        return f", the request says {frames}" if frames else ", the request does not say how many it has"
 
     async def GetStreamInfo(
         self, request: streamer_pb2.GetStreamInfoRequest, context: grpc.aio.ServicerContext
@@ -214,6 +273,18 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
                 fps=manifest.fps,
                 finished=True,
                 frames_sha256=manifest.frames_sha256,
+                live=live.to_proto() if live is not None else streamer_pb2.LiveStats(),
+            )
+        if isinstance(session, Journal):
+            live = self.live.get(session.session_id)
+            return streamer_pb2.GetStreamInfoResponse(
+                session_id=session.session_id,
+                frames=session.frames,
+                width=session.width,
+                height=session.height,
+                fps=session.fps,
+                finished=False,
+                frames_sha256=session.frames_digest,
                 live=live.to_proto() if live is not None else streamer_pb2.LiveStats(),
             )
         fmt = session.ingest.format
@@ -246,8 +317,8 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             yield event
 
     async def drain(self) -> None:
-        """On shutdown: stop the live outputs now, then finalize every open session's MP4. No manifest:
-        those sessions did not end, their workers re-send them to the next streamer, which records them whole.
+        """On shutdown: stop the live outputs now, then close every open session's recording and journal
+        all its frames (no manifest: those sessions did not end). The next streamer goes on after them.
         From the start it refuses frames and finishes (UNAVAILABLE): a frame pushed after its session was
         finalized here would otherwise be refused as past a finished session, failing the session."""
         self.draining = True

@@ -25,7 +25,7 @@ from inferix.telemetry import tracer as get_tracer
 from streamer.encoder import LIBX264, H264Encoder
 from streamer.errors import EncoderFailed
 from streamer.metrics import ENCODE_SECONDS
-from streamer.packets import EncodedPacket, StreamFormat
+from streamer.packets import EncodedPacket, SegmentStart, StreamFormat
 from streamer.sinks import PacketSink
 
 log = logging.getLogger("inferix.streamer.stream")
@@ -44,6 +44,7 @@ class RawFrame:
     data: bytes
     trace_context: Context  # of the push that delivered it: the parent of its block's encode span
     received_s: float = field(default_factory=time.monotonic)  # when ingest accepted it (anchors live pacing)
+    segment: SegmentStart | None = None  # it starts a recording segment: encode it as a keyframe
 
 
 @dataclass
@@ -160,9 +161,13 @@ class EncodedStream:
         started = time.perf_counter()
         packets = [
             replace(
-                packet, block_index=frame.block_index, trace_context=frame.trace_context, received_s=frame.received_s
+                packet,
+                block_index=frame.block_index,
+                trace_context=frame.trace_context,
+                received_s=frame.received_s,
+                segment=frame.segment if packet.pts == frame.index else None,
             )
-            for packet in encoder.encode(frame.data, frame.index)
+            for packet in encoder.encode(frame.data, frame.index, keyframe=frame.segment is not None)
         ]
         seconds = time.perf_counter() - started
         ENCODE_SECONDS.observe(seconds)

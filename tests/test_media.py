@@ -1,5 +1,5 @@
 """`inferix.media.Mp4Writer`, the one MP4 writer: encoding RGB frames (`inferix generate`) and muxing
-packets encoded elsewhere (the streamer's recording, through `streamer.sinks.Mp4Recorder`)."""
+packets encoded elsewhere (the streamer's recording segments, `streamer.segments`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 from inferix.media import Mp4Writer
 from streamer.encoder import H264Encoder
 from streamer.packets import StreamFormat
-from streamer.sinks import Mp4Recorder
 from tests.streamer.media import pattern
 
 WIDTH, HEIGHT = 64, 48
@@ -60,24 +59,24 @@ def test_encoding_writer_refuses_odd_sizes_and_bad_frames(tmp_path: Path) -> Non
         writer.write(np.zeros((1, HEIGHT, WIDTH, 3), dtype=np.float32))
 
 
-def test_recorder_muxes_packets_into_a_partial_faststart_file(tmp_path: Path) -> None:
+def test_packet_writer_muxes_packets_unchanged(tmp_path: Path) -> None:
     fmt = StreamFormat(WIDTH, HEIGHT, 16.0)
     encoder = H264Encoder(fmt)
-    out = tmp_path / "rec" / "s1.mp4"
-    recorder = Mp4Recorder(out, fmt)
     packets = [p for i in range(20) for p in encoder.encode(pattern(i, WIDTH, HEIGHT).tobytes(), i)]
     packets += encoder.flush()
+    out = tmp_path / "rec" / "s1.mp4"
+    writer = Mp4Writer.for_packets(out, WIDTH, HEIGHT, fmt.rate, partial=True, faststart=True)
     for packet in packets:
-        recorder.write(packet)
+        writer.write_packet(packet.data, packet.pts, packet.dts, packet.duration, packet.keyframe)
     assert not out.exists() and out.with_name("s1.mp4.part").exists(), "written as .part until closed"
-    recorder.close()
+    writer.close()
     assert out.exists() and not out.with_name("s1.mp4.part").exists()
     boxes = _top_level_boxes(out)
     assert boxes.index("moov") < boxes.index("mdat"), f"faststart puts the index first: {boxes}"
     decoded, rate = _decode(out)
     assert len(decoded) == 20 and rate == 16
 
-    # The packets are muxed unchanged: the same packets through the writer decode to the same frames.
+    # The packets are muxed unchanged: the same packets through another writer decode to the same frames.
     again = tmp_path / "again.mp4"
     with Mp4Writer.for_packets(again, WIDTH, HEIGHT, fmt.rate, partial=False, faststart=False) as writer:
         for packet in packets:
@@ -88,8 +87,8 @@ def test_recorder_muxes_packets_into_a_partial_faststart_file(tmp_path: Path) ->
     assert all(np.array_equal(a, b) for a, b in zip(_decode(again)[0], decoded, strict=True))
 
 
-def test_recorder_without_packets_leaves_no_file(tmp_path: Path) -> None:
-    recorder = Mp4Recorder(tmp_path / "empty.mp4", StreamFormat(WIDTH, HEIGHT, 16.0))
-    recorder.close()
-    recorder.close()
+def test_packet_writer_without_packets_leaves_no_file(tmp_path: Path) -> None:
+    writer = Mp4Writer.for_packets(tmp_path / "empty.mp4", WIDTH, HEIGHT, Fraction(16))
+    writer.close()
+    writer.close()
     assert list(tmp_path.iterdir()) == []

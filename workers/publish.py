@@ -1,11 +1,19 @@
 """Frames to the streamer: each block's frames straight to the session's streamer (never through the
-scheduler), and a restarted streamer's backfill (the session's video again, decoded from its
-committed latents)."""
+scheduler), and what a restarted streamer is missing.
+
+A streamer keeps a recording in progress durable up to its last closed segment
+(`streamer.segments`); `PushFramesResponse.durable_frames` says how far. The publisher keeps the
+frames it pushed past that point in memory (`SentFrames`), so a restarted streamer gets just those
+again, at once. Only when they are not there (this worker took the session over, or a streamer did
+not say) are they decoded again from the session's committed latents, from the start.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -20,19 +28,66 @@ from workers.retry import while_away
 
 log = logging.getLogger("inferix.worker")
 
+# Frames kept per session for a restarted streamer: a few seconds of video normally (the streamer's
+# segment in progress); the cap bounds a streamer that never reports durable frames.
+SENT_FRAMES_MAX_BYTES = 256 * 2**20
+
+
+@dataclass
+class SentFrames:
+    """A session's frames pushed to its streamer and not yet durable there, block by block."""
+
+    max_bytes: int = SENT_FRAMES_MAX_BYTES
+    end: int = 0  # the frame after the last one pushed
+    blocks: deque[tuple[int, int, np.ndarray]] = field(default_factory=deque)  # (block index, first frame, rgb)
+    bytes: int = 0
+
+    def add(self, block_index: int, first_frame: int, rgb: np.ndarray) -> None:
+        if self.blocks and first_frame != self.end:  # not contiguous (cannot happen in order): start over
+            self.blocks.clear()
+            self.bytes = 0
+        self.blocks.append((block_index, first_frame, rgb))
+        self.bytes += rgb.nbytes
+        self.end = first_frame + rgb.shape[0]
+        while self.bytes > self.max_bytes and len(self.blocks) > 1:
+            self._drop_oldest()
+
+    def trim(self, durable: int) -> None:
+        """Forget blocks the streamer holds on disk."""
+        while self.blocks and self.blocks[0][1] + self.blocks[0][2].shape[0] <= durable:
+            self._drop_oldest()
+
+    def since(self, start: int) -> list[tuple[int, int, np.ndarray]] | None:
+        """The frames from `start` to `end`, as (block index, first frame, rgb); None if not all kept."""
+        if not self.blocks or self.blocks[0][1] > start or start > self.end:
+            return None
+        return [
+            (index, max(first, start), rgb[max(0, start - first) :])
+            for index, first, rgb in self.blocks
+            if first + rgb.shape[0] > start
+        ]
+
+    def _drop_oldest(self) -> None:
+        self.bytes -= self.blocks.popleft()[2].nbytes
+
 
 class FramePublisher:
-    """One stub per streamer address; pushes blocks, backfills restarted streamers."""
+    """One stub per streamer address; pushes blocks, gives a restarted streamer what it is missing."""
 
     def __init__(self, host: EngineHost, kvcache: KVCacheLink) -> None:
         self.host = host
         self.kvcache = kvcache
         self._streamers: dict[str, streamer_pb2_grpc.StreamerServiceStub] = {}
+        self._sent: dict[str, SentFrames] = {}
 
     def streamer(self, address: str) -> streamer_pb2_grpc.StreamerServiceStub:
         if address not in self._streamers:
             self._streamers[address] = streamer_pb2_grpc.StreamerServiceStub(channel(address))
         return self._streamers[address]
+
+    def forget(self, session_id: str) -> None:
+        """The session left this worker: drop the frames kept for its streamer."""
+        self._sent.pop(session_id, None)
 
     async def publish(
         self,
@@ -43,38 +98,46 @@ class FramePublisher:
         block: VideoBlock,
     ) -> None:
         """Send the block's frames to the streamer (re-sent frames are skipped there). A streamer that
-        restarted and lost the session first gets its video again."""
+        restarted and lacks earlier frames (OUT_OF_RANGE) first gets those."""
 
-        async def attempt() -> None:
+        async def attempt() -> streamer_pb2.PushFramesResponse:
             try:
-                await self._push(
+                return await self._push(
                     streamer, session_id, fps, block.index, block.first_frame, block.frames, backfill=False
                 )
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.OUT_OF_RANGE:
                     raise
-                await self._backfill(streamer, session_id, video, fps, before_block=block.index)
-                await self._push(
+                await self._catch_up(streamer, session_id, video, fps, before_block=block.index)
+                return await self._push(
                     streamer, session_id, fps, block.index, block.first_frame, block.frames, backfill=False
                 )
 
-        await while_away(f"frames of {session_id} block {block.index}: streamer", attempt)
+        response = await while_away(f"frames of {session_id} block {block.index}: streamer", attempt)
+        sent = self._sent.setdefault(session_id, SentFrames())
+        sent.add(block.index, block.first_frame, block.frames)
+        sent.trim(response.durable_frames)
 
     async def finish(
         self, streamer: streamer_pb2_grpc.StreamerServiceStub, session_id: str, video: Session, fps: int
     ) -> None:
         """The session's video is complete: its outputs are finalized (its MP4 is written). A streamer
-        that is restarting is waited for; one that restarted after the session's last frame, and so
-        does not hold it (NOT_FOUND), first gets the whole video again, so the recording is not lost."""
-        request = streamer_pb2.FinishStreamRequest(session_id=session_id)
+        that is restarting is waited for; one that restarted and lacks frames at the end (OUT_OF_RANGE),
+        or the whole session (NOT_FOUND), first gets them, so the recording is not lost."""
+        sent = self._sent.get(session_id)
+        frames = sent.end if sent is not None else 0
 
         async def attempt() -> None:
+            nonlocal frames
+            request = streamer_pb2.FinishStreamRequest(session_id=session_id, frames=frames)
             try:
                 await streamer.FinishStream(request, timeout=INTERNAL_DEADLINE_S)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND or video.next_block_index == 0:
+                missing = exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE)
+                if not missing or video.next_block_index == 0:
                     raise
-                await self._backfill(streamer, session_id, video, fps, before_block=video.next_block_index)
+                frames = await self._catch_up(streamer, session_id, video, fps, before_block=video.next_block_index)
+                request = streamer_pb2.FinishStreamRequest(session_id=session_id, frames=frames)
                 await streamer.FinishStream(request, timeout=INTERNAL_DEADLINE_S)
 
         await while_away(f"recording of {session_id}: streamer", attempt)
@@ -88,7 +151,7 @@ class FramePublisher:
         first_frame: int,
         rgb: np.ndarray,
         backfill: bool,
-    ) -> None:
+    ) -> streamer_pb2.PushFramesResponse:
         height, width = rgb.shape[1:3]
 
         def frames() -> Any:
@@ -107,7 +170,46 @@ class FramePublisher:
                     )
                 )
 
-        await streamer.PushFrames(frames(), timeout=INTERNAL_DEADLINE_S)
+        response: streamer_pb2.PushFramesResponse = await streamer.PushFrames(frames(), timeout=INTERNAL_DEADLINE_S)
+        return response
+
+    async def _held(self, streamer: streamer_pb2_grpc.StreamerServiceStub, session_id: str) -> int:
+        """How many frames of the session the streamer holds (0 when it does not know the session)."""
+        request = streamer_pb2.GetStreamInfoRequest(session_id=session_id)
+        try:
+            info = await streamer.GetStreamInfo(request, timeout=INTERNAL_DEADLINE_S)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+            return 0
+        return int(info.frames)
+
+    async def _catch_up(
+        self,
+        streamer: streamer_pb2_grpc.StreamerServiceStub,
+        session_id: str,
+        video: Session,
+        fps: int,
+        before_block: int,
+    ) -> int:
+        """Re-send to a streamer that restarted the frames it lacks, up to `before_block`: from the frames
+        kept in memory when they reach back far enough, else decoded again from the committed latents.
+        Returns the frame count up to `before_block`."""
+        began = time.perf_counter()
+        start = await self._held(streamer, session_id)
+        sent = self._sent.get(session_id)
+        if sent is not None and sent.blocks and sent.blocks[-1][0] == before_block - 1:
+            kept = sent.since(start)
+            if kept is not None:
+                for block_index, first, rgb in kept:
+                    await self._push(streamer, session_id, fps, block_index, first, rgb, backfill=True)
+                log.info("re-sent frames %d..%d of %s to a restarted streamer from memory in %.2fs", start,
+                         sent.end - 1, session_id, time.perf_counter() - began)  # fmt: skip
+                return sent.end
+        end = await self._backfill(streamer, session_id, video, fps, before_block, start)
+        log.info("re-sent frames %d..%d of %s to a restarted streamer, decoded again from %d blocks in %.2fs",
+                 start, end - 1, session_id, before_block, time.perf_counter() - began)  # fmt: skip
+        return end
 
     async def _backfill(
         self,
@@ -116,17 +218,20 @@ class FramePublisher:
         video: Session,
         fps: int,
         before_block: int,
-    ) -> None:
-        """Re-send the session's video up to `before_block` to a streamer that restarted: its committed
-        latents decoded again from the start (recovery by recompute, for the recording)."""
-        began = time.perf_counter()
+        start: int,
+    ) -> int:
+        """Decode the session's committed latents up to `before_block` again from the start (the decoder
+        carries state from block to block) and push the frames from `start` on (recovery by recompute).
+        Returns the frame count."""
         state = video.new_redecode_state()
-        blocks = first = 0
+        first = 0
         async for group in self.kvcache.committed_groups(session_id, before_block):
             for block in group:  # one block's frames in memory at a time
                 rgb = await self.host.call(video.redecode, block, state)
-                await self._push(streamer, session_id, fps, block.block_index, first, rgb, backfill=True)
+                if first + rgb.shape[0] > start:
+                    skip = max(0, start - first)
+                    await self._push(
+                        streamer, session_id, fps, block.block_index, first + skip, rgb[skip:], backfill=True
+                    )
                 first += rgb.shape[0]
-                blocks += 1
-        log.info("re-sent %d blocks (%d frames) of %s to a restarted streamer in %.2fs", blocks, first,
-                 session_id, time.perf_counter() - began)  # fmt: skip
+        return first

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -14,7 +15,10 @@ AWAY_RETRY_S = 60.0  # how long frames and commits wait for a restarting streame
 AWAY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
-async def while_away(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
+T = TypeVar("T")
+
+
+async def while_away(what: str, attempt: Callable[[], Awaitable[T]]) -> T:
     """Run `attempt` until it succeeds, retrying with backoff for `AWAY_RETRY_S` while the other
     service is away (UNAVAILABLE, DEADLINE_EXCEEDED: restarting; CANCELLED: its server stopped with
     our call still in flight, as grpc.aio does when a drain's grace ends); other errors are raised at
@@ -23,8 +27,7 @@ async def while_away(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
     delay = 0.2
     while True:
         try:
-            await attempt()
-            return
+            return await attempt()
         except grpc.aio.AioRpcError as exc:
             away = exc.code() in AWAY
             if not away or time.monotonic() > deadline:

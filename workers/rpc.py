@@ -284,6 +284,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 if request.finish_stream:
                     await self.publisher.finish(session.streamer, request.session_id, session.video, self.model.fps)
             finally:
+                self.publisher.forget(request.session_id)
                 await self.host.call(session.video.close)
 
         await asyncio.shield(finish_then_close())  # finished and closed even when the caller stops waiting

@@ -4,13 +4,11 @@ finished by the other one from the committed chunks and their carries, frames id
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-
-import numpy as np
 
 from engine.registry import load_engine
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
+from inferix.frames_digest import FramesDigest
 from inferix_cli.mesh import start_mesh
 from tests.engine.magi.conftest import SECOND_PROMPT, make_magi_folder
 from tests.mesh.conftest import KEY_A, kill_worker, mesh_config, stream_info
@@ -20,13 +18,13 @@ CHUNKS, SEED = 6, 11
 
 def generated_digest(folder: Path, schedule: tuple[PromptChange, ...]) -> str:
     """sha256 of the frames the in-process engine makes (what `inferix generate` runs)."""
-    digest = hashlib.sha256()
+    digest = FramesDigest()
     with load_engine(folder).open(schedule[0].text, seed=SEED, num_blocks=CHUNKS) as video:
         for index in range(CHUNKS):
             for change in schedule[1:]:
                 if change.at_block == index:
                     video.set_prompt(change.text)
-            digest.update(np.ascontiguousarray(video.next_block().frames).tobytes())
+            digest.update_frames(video.next_block().frames)
     return digest.hexdigest()
 
 

@@ -1,13 +1,16 @@
 """The streamer restarts (SIGKILL, or SIGTERM) in the middle of a session.
 
-The worker's frames wait while it is away; the restarted streamer, which has lost the session, says
-so (OUT_OF_RANGE) and the worker re-sends the video from frame 0, decoded again from the committed
-latents. The recording ends up complete and identical to `inferix generate`: no frame missing, none
-twice; the live outputs join with the first new frame.
+The worker's frames wait while it is away. A streamer killed mid-session kept its recording up to
+the last closed segment (4 s, 64 toyworld frames); the restarted one asks for the frames after that
+(OUT_OF_RANGE) and the worker re-sends them from memory, nothing decoded again. A drained streamer
+(SIGTERM) journaled every frame, so nothing is re-sent. Either way the recording ends up complete and
+identical to `inferix generate`: no frame missing, none twice; the live outputs join with the first
+new frame.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +19,11 @@ import pytest
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
 from inferix_cli.mesh import Mesh, start_mesh
 from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
+from tests.streamer.live import wait_until
 from tests.streamer.media import ffprobe
 
 BLOCKS = 32  # ~6 s at toyworld's real-time pace: the session outlives the restart
+RESTART_AT = 24  # frame 74: past the first recording segment (frames 0..63)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +42,10 @@ def test_a_session_survives_a_streamer_restart(mesh: Mesh, how: str, tmp_path: P
         restarted = False
         for event in client.events(info.session_id):
             events.append(event)
-            if isinstance(event, BlockDone) and event.block_index == 4 and not restarted:
+            if isinstance(event, BlockDone) and event.block_index == RESTART_AT and not restarted:
                 restarted = True
+                journal = mesh.config.workdir / "recordings" / f"{info.session_id}.journal.json"
+                wait_until(journal.is_file, 10, "the first recording segment")
                 code = mesh.streamer.kill() if how == "sigkill" else mesh.streamer.stop()
                 assert code == (-9 if how == "sigkill" else 0), mesh.streamer.log_tail()
                 mesh.replace(mesh.relaunch(mesh.streamer).wait())  # type: ignore[union-attr]
@@ -51,4 +58,8 @@ def test_a_session_survives_a_streamer_restart(mesh: Mesh, how: str, tmp_path: P
         assert streamed.frames_sha256 == generate_digest(schedule, BLOCKS, 21)
         recording = client.download_recording(final, tmp_path / "session.mp4")
     assert ffprobe(recording)["nb_read_frames"] == str(BLOCKS * 3)
-    assert "to a restarted streamer" in (mesh.config.workdir / "worker0.log").read_text()
+    log = (mesh.config.workdir / "worker0.log").read_text()
+    assert "decoded again" not in log
+    resent = re.findall(rf"re-sent frames (\d+)\.\.\d+ of {info.session_id} to a restarted streamer from memory", log)
+    # SIGKILL: the frames after the first segment; SIGTERM: none, the drain journaled every frame
+    assert resent == (["64"] if how == "sigkill" else []), log[-3000:]

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import logging
 import uuid
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ import workers.publish
 from engine.contract import SessionRequest
 from engine.registry import LoadOptions, Model, engine_for, load_model
 from inferix.api.v1 import common_pb2, kvcache_pb2_grpc, streamer_pb2, streamer_pb2_grpc, worker_pb2_grpc
+from inferix.frames_digest import FramesDigest
 from inferix.store import MemoryStore
 from kvcache_svc.service import KVCacheConfig, KVCacheServicer
 from scheduler.config import Presets, SchedulerConfig
@@ -221,9 +221,9 @@ def solo(num_blocks: int, seed: int, prompt: str) -> tuple[int, str]:
         prompt=prompt, width=valid.spec.resolution.width, height=valid.spec.resolution.height,
         seed=seed, num_blocks=num_blocks,
     )  # fmt: skip
-    digest, frames = hashlib.sha256(), 0
+    digest, frames = FramesDigest(), 0
     with engine_for(toyworld(), WORKER_PAGES).open_session(request) as video:
         for block in video:
-            digest.update(block.frames.tobytes())
+            digest.update_frames(block.frames)
             frames += block.frames.shape[0]
     return frames, digest.hexdigest()

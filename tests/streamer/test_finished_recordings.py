@@ -8,26 +8,28 @@ recording that was in progress, cut short by a shutdown, or changed on disk sinc
 
 from __future__ import annotations
 
-import hashlib
+import json
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
+from inferix.frames_digest import FramesDigest
 from inferix.viewer_token import ViewerTokens
 from inferix_cli.mesh.launch import ServiceProcess
 from tests.streamer.live import SECRET, start_live_streamer, wait_until
-from tests.streamer.media import Video, pattern
+from tests.streamer.media import Video, ffprobe, pattern
 
 Stub = streamer_pb2_grpc.StreamerServiceStub
 TOKENS = ViewerTokens(SECRET.encode())
 
 
 def frames_sha256(video: Video) -> str:
-    digest = hashlib.sha256()
+    digest = FramesDigest()
     for index in range(video.frames):
         digest.update(pattern(index, video.width, video.height).tobytes())
     return digest.hexdigest()
@@ -85,7 +87,8 @@ def test_a_restarted_streamer_serves_what_the_last_one_finished(tmp_path: Path) 
         assert before.frames_sha256 == frames_sha256(done)
         recordings = tmp_path / "recordings"
         # the encoder thread writes asynchronously: kill once the partial recording is on disk
-        wait_until(lambda: (recordings / "in-progress.mp4.part").is_file(), 10, "the partial recording")
+        partial = recordings / "in-progress.segments" / "0000000000.mp4.part"  # no segment closed yet
+        wait_until(partial.is_file, 10, "the partial recording")
         assert (recordings / "finished-before.mp4.json").is_file()
         assert not (recordings / "in-progress.mp4.json").exists()
 
@@ -132,7 +135,7 @@ def test_a_restarted_streamer_serves_what_the_last_one_finished(tmp_path: Path) 
             assert second.stop() == 0, second.log_tail()
 
 
-def test_a_shutdown_cut_short_or_a_changed_file_is_never_served_as_finished(tmp_path: Path) -> None:
+def test_a_shutdown_journals_every_frame_and_a_changed_file_is_never_served(tmp_path: Path) -> None:
     cut = Video("cut-by-sigterm", 64, 48, 16.0, (6,))
     done = Video("then-truncated", 64, 48, 16.0, (6,))
     first, _ = start_live_streamer(tmp_path)
@@ -143,16 +146,29 @@ def test_a_shutdown_cut_short_or_a_changed_file_is_never_served_as_finished(tmp_
             stub.PushFrames(cut.block(0), timeout=30)
             stub.PushFrames(done.block(0), timeout=30)
             stub.FinishStream(streamer_pb2.FinishStreamRequest(session_id=done.session_id), timeout=30)
-        assert first.stop() == 0  # SIGTERM finalizes the open session's MP4, but it did not end
+        assert first.stop() == 0  # SIGTERM closes the open session's recording and journals it; it did not end
         recordings = tmp_path / "recordings"
-        assert (recordings / "cut-by-sigterm.mp4").is_file() and not (recordings / "cut-by-sigterm.mp4.json").exists()
+        assert (
+            not (recordings / "cut-by-sigterm.mp4").exists() and not (recordings / "cut-by-sigterm.mp4.json").exists()
+        )
         truncated = recordings / "then-truncated.mp4"
         truncated.write_bytes(truncated.read_bytes()[:-10])
 
         second, http_port = start_live_streamer(tmp_path)
         with grpc.insecure_channel(second.address) as channel:
             stub = Stub(channel)
-            assert "its recording was not finished" in not_found(lambda: grpc_bytes(stub, cut.session_id))
+            # the next streamer holds all 6 frames of the cut session, not finished, and serves no recording
+            resumed = info(stub, cut.session_id)
+            assert (resumed.frames, resumed.finished, resumed.frames_sha256) == (6, False, frames_sha256(cut))
+            with pytest.raises(grpc.RpcError) as caught:
+                grpc_bytes(stub, cut.session_id)
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value
+            # its worker finishes it without re-sending a frame
+            finish = streamer_pb2.FinishStreamRequest(session_id=cut.session_id, frames=6)
+            assert stub.FinishStream(finish, timeout=30).frames == 6
+            (tmp_path / "cut.mp4").write_bytes(grpc_bytes(stub, cut.session_id))
+            assert ffprobe(tmp_path / "cut.mp4")["nb_read_frames"] == "6"
+            assert not (recordings / "cut-by-sigterm.segments").exists()
             message = not_found(lambda: info(stub, done.session_id))
             assert "not the one that was finished" in message, message
             assert http_get(http_port, done.session_id)[0] == 404
@@ -162,3 +178,53 @@ def test_a_shutdown_cut_short_or_a_changed_file_is_never_served_as_finished(tmp_
         if second is not None:
             assert second.stop() == 0, second.log_tail()
     assert "then-truncated.mp4 has" in second.log_path.read_text()
+
+
+def test_a_streamer_killed_mid_session_goes_on_after_its_last_durable_segment(tmp_path: Path) -> None:
+    """SIGKILL loses only the segment in progress: the next process asks for the frames after the
+    journal's last one, skips earlier ones as duplicates, and the recording ends up whole."""
+    video = Video("killed-mid-session", 64, 48, 16.0, (6,) * 6)  # 36 frames; segments of 8 (0.5 s)
+    first, _ = start_live_streamer(tmp_path, extra=["--segment-seconds", "0.5"])
+    second: ServiceProcess | None = None
+    recordings = tmp_path / "recordings"
+    journal = recordings / "killed-mid-session.journal.json"
+    try:
+        with grpc.insecure_channel(first.address) as channel:
+            stub = Stub(channel)
+            durable = [stub.PushFrames(video.block(block), timeout=30).durable_frames for block in range(5)]
+        assert durable == sorted(durable) and durable[-1] <= 24, durable  # reported as segments close
+        wait_until(lambda: journal.is_file() and json.loads(journal.read_text())["frames"] == 24, 10, "segment 3")
+
+        second, _ = restart(first, tmp_path)
+        with grpc.insecure_channel(second.address) as channel:
+            stub = Stub(channel)
+            resumed = info(stub, video.session_id)
+            assert (resumed.frames, resumed.finished) == (24, False)
+            assert resumed.frames_sha256 == frames_sha256(replace(video, blocks=(24,)))
+            with pytest.raises(grpc.RpcError) as caught:  # the worker's next block: past what is here
+                stub.PushFrames(video.block(5), timeout=30)
+            assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
+            assert "send its video from frame 24" in (caught.value.details() or "")
+            early = streamer_pb2.FinishStreamRequest(session_id=video.session_id, frames=36)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.FinishStream(early, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
+            assert "re-send from frame 24" in (caught.value.details() or "")
+            # the worker re-sends from frame 24 (here: from 18, the block holding it), then the new block
+            sent = stub.PushFrames(video.requests(range(18, 30)), timeout=30)
+            assert (sent.duplicates, sent.accepted) == (6, 6)
+            stub.PushFrames(video.block(5), timeout=30)
+            wrong = streamer_pb2.FinishStreamRequest(session_id=video.session_id, frames=40)
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.FinishStream(wrong, timeout=30)
+            assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
+            assert stub.FinishStream(early, timeout=30).frames == 36
+            assert info(stub, video.session_id).frames_sha256 == frames_sha256(video)
+            (tmp_path / "whole.mp4").write_bytes(grpc_bytes(stub, video.session_id))
+        assert ffprobe(tmp_path / "whole.mp4")["nb_read_frames"] == "36"
+        assert not journal.exists() and not (recordings / "killed-mid-session.segments").exists()
+        assert "resumed after frame 23, from its recording journal" in second.log_path.read_text()
+    finally:
+        first.kill()
+        if second is not None:
+            assert second.stop() == 0, second.log_tail()

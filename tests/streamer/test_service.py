@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import urllib.request
@@ -222,7 +223,7 @@ def test_health_check_answers_serving(channel: grpc.Channel) -> None:
         assert response.status == health_pb2.HealthCheckResponse.SERVING, service
 
 
-def test_sigterm_finalizes_open_sessions_exports_spans_and_exits_zero(tmp_path: Path) -> None:
+def test_sigterm_journals_open_sessions_exports_spans_and_exits_zero(tmp_path: Path) -> None:
     collector = SpanCollector().start()
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     traceparent = (("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),)  # as a traced worker would send
@@ -234,14 +235,17 @@ def test_sigterm_finalizes_open_sessions_exports_spans_and_exits_zero(tmp_path: 
             stub = Stub(channel)
             for block in range(2):
                 assert stub.PushFrames(video.block(block), metadata=traceparent, timeout=30).accepted == 6
-        code = process.stop()  # no FinishStream: shutdown finalizes the open session
+        code = process.stop()  # no FinishStream: shutdown closes the open session's recording and journals it
     finally:
         process.kill()
         collector.stop()
     assert code == 0, f"streamer exited with {code}:\n{process.log_tail()}"
     recordings = tmp_path / "recordings"
-    assert sorted(p.name for p in recordings.iterdir()) == ["zeta.mp4"], "an unfinished .part file was left behind"
-    check_recording(recordings / "zeta.mp4", video)
+    assert sorted(p.name for p in recordings.iterdir()) == ["zeta.journal.json", "zeta.segments"]
+    assert json.loads((recordings / "zeta.journal.json").read_text())["frames"] == 12  # every frame is durable
+    segments = sorted((recordings / "zeta.segments").iterdir())
+    assert [p.name for p in segments] == ["0000000000.mp4"], "an unfinished .part file was left behind"
+    check_recording(segments[0], video)
 
     encode_spans = [span for span in collector.spans if span.name == "streamer.encode"]
     attributes = [{a.key: a.value.int_value for a in span.attributes} for span in encode_spans]

@@ -104,10 +104,10 @@ def test_one_encode_feeds_every_sink_and_each_block_gets_a_span() -> None:
 
 def test_a_recording_that_cannot_be_written_is_reported_and_the_stream_goes_on(tmp_path: Path) -> None:
     fmt = StreamFormat(64, 48, 16.0)
-    (tmp_path / "s2.mp4.part").mkdir()  # the recorder's file cannot be created
 
     async def run() -> StreamSession:
-        session = StreamSession.open(IngestState("s2", fmt), tmp_path, LIBX264, queue_frames=8)
+        session = StreamSession.open(IngestState("s2", fmt), tmp_path, LIBX264, queue_frames=8, segment_frames=64)
+        (tmp_path / "s2.segments" / "0000000000.mp4.part").mkdir(parents=True)  # the segment cannot be created
         viewer = CollectingSink("viewer")
         session.stream.attach(viewer)
         for index in range(3):

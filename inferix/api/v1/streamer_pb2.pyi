@@ -53,18 +53,22 @@ class PushFramesRequest(_message.Message):
     def __init__(self, frame: _Optional[_Union[VideoFrame, _Mapping]] = ...) -> None: ...
 
 class PushFramesResponse(_message.Message):
-    __slots__ = ("accepted", "duplicates")
+    __slots__ = ("accepted", "duplicates", "durable_frames")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FRAMES_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     duplicates: int
-    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
+    durable_frames: int
+    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., durable_frames: _Optional[int] = ...) -> None: ...
 
 class FinishStreamRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "frames")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    frames: int
+    def __init__(self, session_id: _Optional[str] = ..., frames: _Optional[int] = ...) -> None: ...
 
 class FinishStreamResponse(_message.Message):
     __slots__ = ("frames",)
