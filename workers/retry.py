@@ -34,4 +34,4 @@ async def while_away(what: str, attempt: Callable[[], Awaitable[T]]) -> T:
                 raise
             log.warning("%s %s; retrying", what, exc.code().name)
             await asyncio.sleep(delay)
-            delay = min(2 * delay, 2.0)
+            delay = min(2 * delay, 1.0)  # a restarted service is noticed within a second
