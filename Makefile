@@ -59,6 +59,7 @@ bench:
 	$(PYTHON) bench/drain.py
 	$(PYTHON) bench/served.py
 	$(PYTHON) bench/recovery.py
+	$(PYTHON) bench/streamer_restart.py
 
 # Train the toyworld model from scratch on the CPU (seeded; ~50 min on 2 free cores).
 train-toyworld:

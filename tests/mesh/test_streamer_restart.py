@@ -5,7 +5,8 @@ the last closed segment (4 s, 64 toyworld frames); the restarted one asks for th
 (OUT_OF_RANGE) and the worker re-sends them from memory, nothing decoded again. A drained streamer
 (SIGTERM) journaled every frame, so nothing is re-sent. Either way the recording ends up complete and
 identical to `inferix generate`: no frame missing, none twice; the live outputs join with the first
-new frame.
+new frame. A worker that took the session over does not hold the frames its predecessor pushed: it
+decodes them again from the committed latents and sends those from the journal's point on.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from inferix.client import BlockDone, Client, PromptChange, StateChanged
 from inferix_cli.mesh import Mesh, start_mesh
-from tests.mesh.conftest import KEY_A, generate_digest, mesh_config, stream_info
+from tests.mesh.conftest import KEY_A, generate_digest, kill_worker, mesh_config, replace_worker, stream_info
 from tests.streamer.live import wait_until
 from tests.streamer.media import ffprobe
 
@@ -28,7 +29,7 @@ RESTART_AT = 24  # frame 74: past the first recording segment (frames 0..63)
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    running = start_mesh(mesh_config(tmp_path_factory.mktemp("streamer-restart"), workers=1, rtmp="off"))
+    running = start_mesh(mesh_config(tmp_path_factory.mktemp("streamer-restart"), workers=2, rtmp="off"))
     yield running
     running.stop()
 
@@ -58,8 +59,40 @@ def test_a_session_survives_a_streamer_restart(mesh: Mesh, how: str, tmp_path: P
         assert streamed.frames_sha256 == generate_digest(schedule, BLOCKS, 21)
         recording = client.download_recording(final, tmp_path / "session.mp4")
     assert ffprobe(recording)["nb_read_frames"] == str(BLOCKS * 3)
-    log = (mesh.config.workdir / "worker0.log").read_text()
+    log = worker_logs(mesh)
     assert "decoded again" not in log
     resent = re.findall(rf"re-sent frames (\d+)\.\.\d+ of {info.session_id} to a restarted streamer from memory", log)
     # SIGKILL: the frames after the first segment; SIGTERM: none, the drain journaled every frame
     assert resent == (["64"] if how == "sigkill" else []), log[-3000:]
+
+
+def worker_logs(mesh: Mesh) -> str:
+    return "".join(path.read_text() for path in sorted(mesh.config.workdir.glob("worker*.log")))
+
+
+def test_a_worker_that_took_the_session_over_decodes_what_a_restarted_streamer_lacks(mesh: Mesh) -> None:
+    schedule = (PromptChange(0, "a green ball"),)
+    with Client(mesh.address, api_key=KEY_A, timeout=60) as client:
+        info = client.create_session(list(schedule), num_blocks=BLOCKS, seed=22)
+        journal = mesh.config.workdir / "recordings" / f"{info.session_id}.journal.json"
+        first_worker = ""
+        restarted = False
+        blocks = []
+        for event in client.events(info.session_id):
+            if not isinstance(event, BlockDone):
+                continue
+            blocks.append(event.block_index)
+            if not first_worker and event.block_index == RESTART_AT:
+                wait_until(journal.is_file, 10, "the first recording segment")
+                first_worker = kill_worker(mesh, event.worker_id)
+            elif first_worker and event.worker_id != first_worker and not restarted:
+                restarted = True  # the successor has pushed a block: the streamer's journal ends before it
+                assert mesh.streamer.kill() == -9, mesh.streamer.log_tail()
+                mesh.replace(mesh.relaunch(mesh.streamer).wait())  # type: ignore[union-attr]
+        assert restarted and blocks == list(range(BLOCKS))
+        streamed = stream_info(mesh, info.session_id)
+        assert streamed.finished and streamed.frames == BLOCKS * 3
+        assert streamed.frames_sha256 == generate_digest(schedule, BLOCKS, 22)
+    replace_worker(mesh, first_worker)
+    pattern = rf"re-sent frames (\d+)\.\.\d+ of {info.session_id} to a restarted streamer, decoded again"
+    assert re.findall(pattern, worker_logs(mesh)) == ["64"], worker_logs(mesh)[-3000:]
