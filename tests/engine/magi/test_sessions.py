@@ -3,7 +3,6 @@ reference from the prompt text; restore from committed chunks; prompt changes; b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from engine.families.magi.engine import MagiEngine, MagiSession
 from engine.families.magi.pipeline import RecordedChunkNoise
 from engine.registry import load_engine
 from inferix.errors import UserError
+from inferix.frames_digest import FramesDigest
 from inferix.spec.blocks import CommittedBlock
 from tests.conftest import GOLDEN_DIR
 from tests.engine.magi.conftest import SECOND_PROMPT
@@ -129,8 +129,10 @@ def test_generate_cli_writes_a_magi_video_with_the_sessions_frames(magi_distill:
     )
     assert result.returncode == 0, result.stderr
     with magi_engine(magi_distill).open("a red fox", seed=4, num_blocks=3) as video:
-        digest = hashlib.sha256(b"".join(np.ascontiguousarray(b.frames).tobytes() for b in video)).hexdigest()
-    assert f"frames sha256 {digest}" in result.stdout
+        digest = FramesDigest()
+        for block in video:
+            digest.update_frames(block.frames)
+    assert f"frames sha256 {digest.hexdigest()}" in result.stdout
     assert "36 frames 48x32 @ 24 fps" in result.stdout and out.stat().st_size > 0
 
 
