@@ -231,8 +231,10 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
         try:
             self._refuse_while_draining()
             session = self._session(request.session_id)
+            # Refused only when frames may be missing; a sender that knows fewer frames than are here
+            # (its predecessor pushed a block it never committed) gets the recording as it is.
             if isinstance(session, Journal):
-                if request.frames != session.frames:
+                if request.frames == 0 or request.frames > session.frames:
                     raise FramesMissing(
                         f"session {request.session_id!r} has frames 0..{session.frames - 1} in this streamer "
                         f"(it restarted){self._claimed(request.frames)}: re-send from frame {session.frames}, "
@@ -241,7 +243,7 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
                 session = self._open(request.session_id, session.format, session, live_now=False)
             if isinstance(session, StreamSession) and not session.finalized and request.frames:
                 held = session.ingest.next_index
-                if request.frames != held:
+                if request.frames > held:
                     raise FramesMissing(
                         f"session {request.session_id!r} has frames 0..{held - 1} in this streamer"
                         f"{self._claimed(request.frames)}: re-send from frame {held}, then finish it"

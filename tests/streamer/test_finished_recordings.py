@@ -163,6 +163,11 @@ def test_a_shutdown_journals_every_frame_and_a_changed_file_is_never_served(tmp_
             with pytest.raises(grpc.RpcError) as caught:
                 grpc_bytes(stub, cut.session_id)
             assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value
+            # a FinishStream that does not say how many frames it has cannot tell whether any are missing
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.FinishStream(streamer_pb2.FinishStreamRequest(session_id=cut.session_id), timeout=30)
+            assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
+            assert "does not say how many" in (caught.value.details() or "")
             # its worker finishes it without re-sending a frame
             finish = streamer_pb2.FinishStreamRequest(session_id=cut.session_id, frames=6)
             assert stub.FinishStream(finish, timeout=30).frames == 6
@@ -218,7 +223,10 @@ def test_a_streamer_killed_mid_session_goes_on_after_its_last_durable_segment(tm
             with pytest.raises(grpc.RpcError) as caught:
                 stub.FinishStream(wrong, timeout=30)
             assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
-            assert stub.FinishStream(early, timeout=30).frames == 36
+            # a sender that knows fewer frames than are here (its predecessor pushed a block it never
+            # committed) gets the recording as it is: nothing is missing
+            fewer = streamer_pb2.FinishStreamRequest(session_id=video.session_id, frames=33)
+            assert stub.FinishStream(fewer, timeout=30).frames == 36
             assert info(stub, video.session_id).frames_sha256 == frames_sha256(video)
             (tmp_path / "whole.mp4").write_bytes(grpc_bytes(stub, video.session_id))
         assert ffprobe(tmp_path / "whole.mp4")["nb_read_frames"] == "36"
