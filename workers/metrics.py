@@ -16,6 +16,10 @@ VIDEO_SECONDS = Counter(
     "the real-time factor of this worker's streams (below 1: behind real time)",
 )
 SESSIONS = Gauge("inferix_worker_sessions", "Sessions open on this worker")
+RESEND_BYTES = Gauge(
+    "inferix_worker_resend_bytes",
+    "Frames kept in memory to re-send to a restarted streamer (pushed, not yet durable in its recording), all sessions",
+)
 KV_PAGES_USED = Gauge("inferix_worker_kv_pages_used", "KV pool pages in use")
 OFFLOADS = Counter("inferix_worker_offloads_total", "Sessions whose KV pages were moved to host memory")
 BATCH_SESSIONS = Histogram(

@@ -22,6 +22,7 @@ import numpy as np
 from engine.contract import Session, VideoBlock
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
 from inferix.server import channel
+from workers import metrics
 from workers.engine_host import EngineHost
 from workers.kvcache_link import INTERNAL_DEADLINE_S, KVCacheLink
 from workers.retry import while_away
@@ -88,6 +89,10 @@ class FramePublisher:
     def forget(self, session_id: str) -> None:
         """The session left this worker: drop the frames kept for its streamer."""
         self._sent.pop(session_id, None)
+        self._report()
+
+    def _report(self) -> None:
+        metrics.RESEND_BYTES.set(sum(sent.bytes for sent in self._sent.values()))
 
     async def publish(
         self,
@@ -117,6 +122,7 @@ class FramePublisher:
         sent = self._sent.setdefault(session_id, SentFrames())
         sent.add(block.index, block.first_frame, block.frames)
         sent.trim(response.durable_frames)
+        self._report()
 
     async def finish(
         self, streamer: streamer_pb2_grpc.StreamerServiceStub, session_id: str, video: Session, fps: int

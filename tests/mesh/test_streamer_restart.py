@@ -12,7 +12,9 @@ decodes them again from the committed latents and sends those from the journal's
 from __future__ import annotations
 
 import re
+import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from tests.streamer.live import wait_until
 from tests.streamer.media import ffprobe
 
 BLOCKS = 32  # ~6 s at toyworld's real-time pace: the session outlives the restart
+FRAME_BYTES = 64 * 64 * 3  # toyworld's RGB frames
 RESTART_AT = 24  # frame 74: past the first recording segment (frames 0..63)
 
 
@@ -47,6 +50,10 @@ def test_a_session_survives_a_streamer_restart(mesh: Mesh, how: str, tmp_path: P
                 restarted = True
                 journal = mesh.config.workdir / "recordings" / f"{info.session_id}.journal.json"
                 wait_until(journal.is_file, 10, "the first recording segment")
+                maker = event.worker_id
+                # the worker keeps only what the streamer has not made durable (once a push has told it
+                # so): frames from 63 on, not the 75 and more since frame 0
+                wait_until(partial(kept_since_durable, mesh, maker), 10, "frames kept trimmed")
                 code = mesh.streamer.kill() if how == "sigkill" else mesh.streamer.stop()
                 assert code == (-9 if how == "sigkill" else 0), mesh.streamer.log_tail()
                 mesh.replace(mesh.relaunch(mesh.streamer).wait())  # type: ignore[union-attr]
@@ -59,11 +66,26 @@ def test_a_session_survives_a_streamer_restart(mesh: Mesh, how: str, tmp_path: P
         assert streamed.frames_sha256 == generate_digest(schedule, BLOCKS, 21)
         recording = client.download_recording(final, tmp_path / "session.mp4")
     assert ffprobe(recording)["nb_read_frames"] == str(BLOCKS * 3)
+    wait_until(lambda: resend_bytes(mesh, maker) == 0, 10, "the closed session's frames forgotten")
     log = worker_logs(mesh)
     assert "decoded again" not in log
     resent = re.findall(rf"re-sent frames (\d+)\.\.\d+ of {info.session_id} to a restarted streamer from memory", log)
     # SIGKILL: the frames after the first segment; SIGTERM: none, the drain journaled every frame
     assert resent == (["64"] if how == "sigkill" else []), log[-3000:]
+
+
+def kept_since_durable(mesh: Mesh, worker_id: str) -> bool:
+    """Whether the worker keeps some frames, but not more than 16 blocks' worth."""
+    return 0 < resend_bytes(mesh, worker_id) <= FRAME_BYTES * 48
+
+
+def resend_bytes(mesh: Mesh, worker_id: str) -> float:
+    """The worker's `inferix_worker_resend_bytes` gauge."""
+    port = next(w for w in mesh.workers if w.name == worker_id).metrics_port
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    match = re.search(r"^inferix_worker_resend_bytes (\S+)$", text, re.M)
+    assert match, "the worker exports inferix_worker_resend_bytes"
+    return float(match.group(1))
 
 
 def worker_logs(mesh: Mesh) -> str:
