@@ -110,16 +110,20 @@ def write_manifest(data_dir: Path, manifest: Manifest) -> None:
     Blocking (fsync): call it off the event loop. The fsyncs matter for a node that loses power with
     the recordings on a volume; a killed process alone would not lose the page cache.
     """
-    mp4 = recording_path(data_dir, manifest.session_id)
-    fsync_path(mp4)
-    target = manifest_path(data_dir, manifest.session_id)
+    fsync_path(recording_path(data_dir, manifest.session_id))
+    write_json_atomically(manifest_path(data_dir, manifest.session_id), asdict(manifest))
+
+
+def write_json_atomically(target: Path, fields: dict[str, object]) -> None:
+    """Replace `target` with `fields` as JSON, atomically and durably: a temporary file, fsynced, renamed
+    over it, then the folder fsynced (the rename itself). Blocking."""
     tmp = target.with_name(target.name + ".tmp")
     with tmp.open("w") as out:
-        json.dump(asdict(manifest), out)
+        json.dump(fields, out)
         out.flush()
         os.fsync(out.fileno())
     tmp.replace(target)
-    fsync_path(data_dir)  # the rename itself
+    fsync_path(target.parent)
 
 
 def _parse(session_id: str, text: str) -> Manifest:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,7 +31,14 @@ from pathlib import Path
 import av
 
 from inferix.media import Mp4Writer
-from streamer.finished import PART_SUFFIX, fsync_path, journal_path, recording_path, segments_dir
+from streamer.finished import (
+    PART_SUFFIX,
+    fsync_path,
+    journal_path,
+    recording_path,
+    segments_dir,
+    write_json_atomically,
+)
 from streamer.packets import EncodedPacket, StreamFormat
 
 log = logging.getLogger("inferix.streamer.segments")
@@ -73,14 +79,7 @@ class Journal:
 
 def write_journal(data_dir: Path, journal: Journal) -> None:
     """Replace the session's journal atomically and durably (blocking: fsync)."""
-    target = journal_path(data_dir, journal.session_id)
-    tmp = target.with_name(target.name + ".tmp")
-    with tmp.open("w") as out:
-        json.dump(asdict(journal), out)
-        out.flush()
-        os.fsync(out.fileno())
-    tmp.replace(target)
-    fsync_path(data_dir)
+    write_json_atomically(journal_path(data_dir, journal.session_id), asdict(journal))
 
 
 def _parse(session_id: str, text: str) -> Journal:

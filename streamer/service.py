@@ -266,28 +266,12 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             await _abort(context, error)
         if isinstance(session, FinishedRecording):
             manifest = session.manifest
-            live = self.live.get(session.session_id)  # its live outputs ended with the previous process
-            return streamer_pb2.GetStreamInfoResponse(
-                session_id=manifest.session_id,
-                frames=manifest.frames,
-                width=manifest.width,
-                height=manifest.height,
-                fps=manifest.fps,
-                finished=True,
-                frames_sha256=manifest.frames_sha256,
-                live=live.to_proto() if live is not None else streamer_pb2.LiveStats(),
+            return self._info_from_disk(
+                session.session_id, session.format, manifest.frames, manifest.frames_sha256, finished=True
             )
         if isinstance(session, Journal):
-            live = self.live.get(session.session_id)
-            return streamer_pb2.GetStreamInfoResponse(
-                session_id=session.session_id,
-                frames=session.frames,
-                width=session.width,
-                height=session.height,
-                fps=session.fps,
-                finished=False,
-                frames_sha256=session.frames_digest,
-                live=live.to_proto() if live is not None else streamer_pb2.LiveStats(),
+            return self._info_from_disk(
+                session.session_id, session.format, session.frames, session.frames_digest, finished=False
             )
         fmt = session.ingest.format
         return streamer_pb2.GetStreamInfoResponse(
@@ -299,6 +283,23 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             finished=session.finalized,
             frames_sha256=session.frames_digest.hexdigest(),
             live=self.live.get_or_create(session.session_id).to_proto(),
+        )
+
+    def _info_from_disk(
+        self, session_id: str, fmt: StreamFormat, frames: int, digest: str, finished: bool
+    ) -> streamer_pb2.GetStreamInfoResponse:
+        """A session this process knows from a manifest (finished) or a journal (in progress, not yet
+        resumed): its live outputs, if any, ended with the previous process."""
+        live = self.live.get(session_id)
+        return streamer_pb2.GetStreamInfoResponse(
+            session_id=session_id,
+            frames=frames,
+            width=fmt.width,
+            height=fmt.height,
+            fps=fmt.fps,
+            finished=finished,
+            frames_sha256=digest,
+            live=live.to_proto() if live is not None else streamer_pb2.LiveStats(),
         )
 
     async def GetRecording(
