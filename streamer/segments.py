@@ -168,10 +168,10 @@ class SegmentedRecorder:
     def write(self, packet: EncodedPacket) -> None:
         if packet.segment is not None and self._writer is not None:
             self._close_segment()
-            if packet.segment.frame_index != self.segments[-1].start + self.segments[-1].frames:
+            if packet.segment.frame_index != self.frames:
                 raise RuntimeError(
                     f"segment boundary at frame {packet.segment.frame_index} but the segments end at frame "
-                    f"{self.segments[-1].start + self.segments[-1].frames}"
+                    f"{self.frames}"
                 )
             self._journal(packet.segment.frame_index, packet.segment.digest)
         if self._writer is None:

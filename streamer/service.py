@@ -144,23 +144,21 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             return journal
 
     def _session_for(self, frame: streamer_pb2.VideoFrame) -> StreamSession | FinishedRecording:
-        """The frame's session; its first frame opens it (no await here: two pushes cannot both open it)."""
-        session = self._sessions.get(frame.session_id)
-        if session is not None:
-            return session
-        try:  # finished before a restart: re-sent frames are duplicates, new ones refused
-            return load_finished(self.config.data_dir, frame.session_id)
+        """The frame's session; its first frame opens it, or resumes it from its journal (no await here:
+        two pushes cannot both open it). One finished before a restart takes re-sent frames as
+        duplicates and refuses new ones."""
+        try:
+            known = self._session(frame.session_id)
         except SessionNotFound:
-            pass
-        journal = load_journal(self.config.data_dir, frame.session_id) if valid_session_id(frame.session_id) else None
-        if journal is None:
             return self._open(frame.session_id, first_frame_format(frame), None, live_now=not frame.backfill)
-        if frame.frame_index > journal.frames:
+        if not isinstance(known, Journal):
+            return known
+        if frame.frame_index > known.frames:
             raise StreamStartsMidway(
-                f"session {frame.session_id!r} has frames 0..{journal.frames - 1} in this streamer (it restarted): "
-                f"send its video from frame {journal.frames}, got frame {frame.frame_index}"
+                f"session {frame.session_id!r} has frames 0..{known.frames - 1} in this streamer (it restarted): "
+                f"send its video from frame {known.frames}, got frame {frame.frame_index}"
             )
-        return self._open(frame.session_id, journal.format, journal, live_now=not frame.backfill)
+        return self._open(frame.session_id, known.format, known, live_now=not frame.backfill)
 
     def _open(self, session_id: str, fmt: StreamFormat, journal: Journal | None, live_now: bool) -> StreamSession:
         """Start recording a session, from frame 0 or after a previous process's journal."""
