@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Generic, Protocol, Self, TypeVar
+from typing import Any, Generic, Protocol, Self, TypeVar
 
 from engine.kv.session_cache import SessionUsage
 from engine.snapshot import SessionSnapshot
@@ -88,6 +88,10 @@ class SessionTail(ABC, Generic[Block]):
     def load_snapshot(self, snapshot: SessionSnapshot) -> None:
         """Continue from `snapshot` instead of replaying the blocks it covers."""
         raise UserError("this model has no KV snapshots; it recovers by replaying its committed blocks")
+
+    def redecode_state_at(self, snapshot: SessionSnapshot) -> Any:
+        """A `redecode` state that continues at the snapshot's block: the decoder's memory there."""
+        raise UserError("this model has no KV snapshots; its frames are decoded again from the first block")
 
     def offload(self) -> None:
         """Move the session's KV pages to host memory (`KVCapacityError` if the host tier is full)."""

@@ -38,3 +38,7 @@ class NoCapacityError(KVCacheError):
 
 class AlreadyCommittedError(KVCacheError):
     """A block index is already committed with different content (ALREADY_EXISTS)."""
+
+
+class BlocksDroppedError(PreconditionError):
+    """The blocks asked for were dropped: the session's anchor snapshot covers them (FAILED_PRECONDITION)."""

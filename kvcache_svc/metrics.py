@@ -34,6 +34,10 @@ SNAPSHOTS = Counter(
     "KV snapshots received, by outcome: stored (the session's latest now), older (a newer one was kept)",
     ["outcome"],
 )
+BLOCKS_DROPPED = Counter(
+    "inferix_kvcache_blocks_dropped",
+    "Committed blocks deleted because the session's anchor snapshot covers them (what bounds the store)",
+)
 REFUSALS = Counter(
     "inferix_kvcache_refusals",
     "Admit requests refused for want of room, by reason: realtime (an available worker had the KV pages but "

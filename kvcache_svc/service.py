@@ -274,13 +274,13 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
         self, request: kvcache_pb2.GetCommittedBlocksRequest, context: Any
     ) -> AsyncIterator[kvcache_pb2.GetCommittedBlocksResponse]:
         """Streams the blocks in order, each message at most ~`STREAM_MESSAGE_BYTES` (one block at least)."""
-        listed = await self.blocks.listing(request.session_id)
+        listed = await self.blocks.listing(request.session_id, request.from_block)
         if listed is None and not await self.registry.holds_reservation(request.session_id):
             raise NotFoundError(
                 f"session {request.session_id!r} has no committed blocks and no reservation "
                 "(never admitted, or its blocks expired after release)"
             )
-        wanted = [(i, digest) for i, digest in listed or [] if i >= request.from_block]
+        wanted = listed or []
         batch: list[kvcache_pb2.CommittedBlock] = []
         size = 0
         for start in range(0, len(wanted), FETCH_BLOCKS):
@@ -300,15 +300,18 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
     ) -> kvcache_pb2.PutSnapshotResponse:
         if not request.HasField("snapshot"):
             raise InvalidRequestError(f"PutSnapshot for session {request.session_id!r} carries no snapshot")
-        stored = await self.snapshots.put(request.session_id, request.snapshot)
-        metrics.SNAPSHOTS.labels(outcome="stored" if stored else "older").inc()
-        return kvcache_pb2.PutSnapshotResponse(stored=stored)
+        put = await self.snapshots.put(request.session_id, request.snapshot, request.durable_frames)
+        metrics.SNAPSHOTS.labels(outcome="stored" if put.stored else "older").inc()
+        if put.anchor:  # nothing reads the blocks before the anchor any more
+            dropped = await self.blocks.drop_before(request.session_id, put.anchor)
+            metrics.BLOCKS_DROPPED.inc(dropped)
+        return kvcache_pb2.PutSnapshotResponse(stored=put.stored)
 
     @_with_statuses
     async def GetSnapshot(
         self, request: kvcache_pb2.GetSnapshotRequest, context: Any
     ) -> kvcache_pb2.GetSnapshotResponse:
-        snapshot = await self.snapshots.get(request.session_id)
+        snapshot = await self.snapshots.get(request.session_id, anchor=request.anchor)
         if snapshot is None:
             return kvcache_pb2.GetSnapshotResponse(found=False)
         return kvcache_pb2.GetSnapshotResponse(found=True, snapshot=snapshot)

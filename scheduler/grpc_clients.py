@@ -11,7 +11,7 @@ from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc, worker_pb2
 from inferix.server import channel
 from scheduler.hosting import (
     CallFailed,
-    DecodesOtherwise,
+    CannotContinue,
     NoRoom,
     OpenedSession,
     PlacementUnavailable,
@@ -124,9 +124,9 @@ class GrpcWorkers:
         try:
             reply = await self._worker(address).OpenSession(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            # The worker's only FAILED_PRECONDITION at OpenSession: the session's decoder is not its own.
+            # The worker's FAILED_PRECONDITION at OpenSession: it cannot continue the session (see CannotContinue).
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                raise DecodesOtherwise(exc.details() or "the worker decodes otherwise") from exc
+                raise CannotContinue(exc.details() or "the worker cannot continue the session") from exc
             raise
         return OpenedSession(reply.next_block, list(reply.blocks), reply.decoder)
 

@@ -10,9 +10,11 @@ fails mid-session is replaced the same way, and the new worker rebuilds the KV c
 committed blocks (recovery by recompute).
 
 A session keeps its decoder (`SessionSpec.decoder`): the first worker that opens it reports its
-own, which the spec records; a worker that decodes otherwise refuses it (`DecodesOtherwise`) and
+own, which the spec records; a worker that decodes otherwise refuses it (`CannotContinue`) and
 placement tries the next one, so a session never moves to a worker that would decode its frames
-differently, and waits for one that decodes alike when none is up.
+differently, and waits for one that decodes alike when none is up. A worker refuses the same way a
+session whose latest KV snapshot it cannot load (another KV layout) once the blocks before that
+snapshot were dropped (kvcache_svc/snapshots.py): it could not replay them.
 
 kvcache_svc and the workers are reached through the `KVCache` and `WorkerClient` protocols; their
 gRPC adapters are in `scheduler.grpc_clients`.
@@ -44,8 +46,9 @@ class WorkerUnresponsive(Exception):
     """A worker accepted a call but stopped answering health probes (e.g. a stopped process)."""
 
 
-class DecodesOtherwise(Exception):
-    """A worker refused to open a session: it decodes latents otherwise than the session was made with."""
+class CannotContinue(Exception):
+    """A worker refused to open a session it cannot continue: it decodes latents otherwise than the session
+    was made with, or it cannot load the session's snapshot and the blocks before it were dropped."""
 
 
 class CallFailed(Exception):
@@ -168,7 +171,8 @@ class WorkerClient(Protocol):
         timeout: float,
     ) -> OpenedSession:
         """Open the session, or find it open; a worker new to it restores its committed blocks. Raises
-        `DecodesOtherwise` when the worker decodes otherwise than `spec.decoder` says."""
+        `CannotContinue` when the worker cannot continue it (it decodes otherwise than `spec.decoder` says,
+        or it cannot load the session's snapshot and the blocks before it were dropped)."""
         ...
 
     async def run_block(
@@ -239,7 +243,7 @@ class Placement:
             try:
                 await self._open_on_worker(record)
                 return True
-            except DecodesOtherwise as exc:
+            except CannotContinue as exc:
                 log.info("session %s: %s; trying another worker", record.session_id, exc)
                 refusals.append(str(exc))
                 excluded.append(record.worker_id)
@@ -259,7 +263,7 @@ class Placement:
                 excluded.append(record.worker_id)
                 record.worker_id = record.worker_address = ""
         if refusals:
-            record.no_room = f"no live worker with room decodes with {record.spec.decoder}: " + "; ".join(refusals)
+            record.no_room = "no live worker with room can continue the session: " + "; ".join(refusals)
         return False
 
     async def try_place(self, record: SessionRecord) -> bool:

@@ -1,4 +1,5 @@
-"""The worker's link to kvcache_svc: block commits, committed-block reads, registration, heartbeats.
+"""The worker's link to kvcache_svc: block commits, committed-block reads, snapshot reads, registration,
+heartbeats.
 
 A block's clean latents are committed after its frames were published, so a crash between the two
 makes a successor regenerate the block (bit-identical; the streamer drops the re-sent frames)
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from workers.retry import while_away
 log = logging.getLogger("inferix.worker")
 INTERNAL_DEADLINE_S = 30.0
 COMMITTED_PAGE_DEADLINE_S = 60.0  # one page of committed blocks (~4 MiB)
+SNAPSHOT_DEADLINE_S = 60.0  # one snapshot message or piece (up to 64 MiB)
 
 
 @dataclass
@@ -85,6 +88,27 @@ class KVCacheLink:
             if group:
                 yield group
             from_block = page.blocks[-1].block_index + 1
+
+    async def snapshot(self, session_id: str, anchor: bool = False) -> kvcache_pb2.KVSnapshot | None:
+        """The session's latest snapshot, or its anchor (see kvcache_svc/snapshots.py); None: none."""
+        request = kvcache_pb2.GetSnapshotRequest(session_id=session_id, anchor=anchor)
+        reply = await self.stub.GetSnapshot(request, timeout=SNAPSHOT_DEADLINE_S)
+        return reply.snapshot if reply.found else None
+
+    async def snapshot_state(self, session_id: str, found: kvcache_pb2.KVSnapshot) -> bytes | None:
+        """A snapshot's state: inline, or its pieces put together; None when they do not match its digest."""
+        if not found.pieces:
+            return found.state
+        pieces = []
+        for index in range(found.pieces):
+            request = kvcache_pb2.GetSnapshotPieceRequest(
+                session_id=session_id, next_block=found.next_block, index=index
+            )
+            pieces.append((await self.stub.GetSnapshotPiece(request, timeout=SNAPSHOT_DEADLINE_S)).data)
+        state = b"".join(pieces)
+        if await asyncio.to_thread(lambda: hashlib.sha256(state).hexdigest()) != found.state_sha256:
+            return None
+        return state
 
     async def register_and_heartbeat(
         self,

@@ -5,11 +5,16 @@ A streamer keeps a recording in progress durable up to its last closed segment
 (`streamer.segments`); `PushFramesResponse.durable_frames` says how far. The publisher keeps the
 frames it pushed past that point in memory (`SentFrames`), so a restarted streamer gets just those
 again, at once. Only when they are not there (this worker took the session over, or a streamer did
-not say) are they decoded again from the session's committed latents, from the start.
+not say) are they decoded again from the session's committed latents: from its anchor, the newest
+KV snapshot within the durable frames (it holds the decoder's memory there; kvcache_svc drops the
+blocks before it), or from the first block when it has none yet.
+
+The durable frames also go to kvcache_svc with each snapshot (`durable_frames`): they make the anchor.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -20,7 +25,9 @@ import grpc
 import numpy as np
 
 from engine.contract import Session, VideoBlock
+from engine.snapshot import SessionSnapshot, SnapshotMismatch
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
+from inferix.errors import UserError
 from inferix.server import channel
 from workers import metrics
 from workers.engine_host import EngineHost
@@ -40,6 +47,7 @@ class SentFrames:
 
     max_bytes: int = SENT_FRAMES_MAX_BYTES
     end: int = 0  # the frame after the last one pushed
+    durable: int = 0  # the frames the streamer's recording holds durably, as it last said
     blocks: deque[tuple[int, int, np.ndarray]] = field(default_factory=deque)  # (block index, first frame, rgb)
     bytes: int = 0
 
@@ -55,6 +63,7 @@ class SentFrames:
 
     def trim(self, durable: int) -> None:
         """Forget blocks the streamer holds on disk."""
+        self.durable = max(self.durable, durable)
         while self.blocks and self.blocks[0][1] + self.blocks[0][2].shape[0] <= durable:
             self._drop_oldest()
 
@@ -90,6 +99,12 @@ class FramePublisher:
         """The session left this worker: drop the frames kept for its streamer."""
         self._sent.pop(session_id, None)
         self._report()
+
+    def durable_frames(self, session_id: str) -> int:
+        """How many frames of the session its streamer's recording holds durably, as it last said (0: none
+        said yet, or the session is not published from here)."""
+        sent = self._sent.get(session_id)
+        return sent.durable if sent is not None else 0
 
     def _report(self) -> None:
         metrics.RESEND_BYTES.set(sum(sent.bytes for sent in self._sent.values()))
@@ -213,7 +228,7 @@ class FramePublisher:
                          sent.end - 1, session_id, time.perf_counter() - began)  # fmt: skip
                 return sent.end
         end = await self._backfill(streamer, session_id, video, fps, before_block, start)
-        log.info("re-sent frames %d..%d of %s to a restarted streamer, decoded again from %d blocks in %.2fs",
+        log.info("re-sent frames %d..%d of %s to a restarted streamer, decoded again up to block %d in %.2fs",
                  start, end - 1, session_id, before_block, time.perf_counter() - began)  # fmt: skip
         return end
 
@@ -226,12 +241,11 @@ class FramePublisher:
         before_block: int,
         start: int,
     ) -> int:
-        """Decode the session's committed latents up to `before_block` again from the start (the decoder
-        carries state from block to block) and push the frames from `start` on (recovery by recompute).
-        Returns the frame count."""
-        state = video.new_redecode_state()
-        first = 0
-        async for group in self.kvcache.committed_groups(session_id, before_block):
+        """Decode the session's committed latents up to `before_block` again (the decoder carries memory
+        from block to block: from the anchor when it is at or before `start`, else from the first block)
+        and push the frames from `start` on (recovery by recompute). Returns the frame count."""
+        state, from_block, first = await self._anchor(session_id, video, start) or (video.new_redecode_state(), 0, 0)
+        async for group in self.kvcache.committed_groups(session_id, before_block, from_block):
             for block in group:  # one block's frames in memory at a time
                 rgb = await self.host.call(video.redecode, block, state)
                 if first + rgb.shape[0] > start:
@@ -241,3 +255,29 @@ class FramePublisher:
                     )
                 first += rgb.shape[0]
         return first
+
+    async def _anchor(self, session_id: str, video: Session, start: int) -> tuple[Any, int, int] | None:
+        """The decoder's memory at the session's anchor (a redecode state), its block and first frame, when
+        the anchor is at or before frame `start`; None otherwise (decode from the first block)."""
+        if start == 0:
+            return None
+        try:
+            found = await self.kvcache.snapshot(session_id, anchor=True)
+            if found is None or found.next_frame > start:
+                return None
+            state = await self.kvcache.snapshot_state(session_id, found)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("no anchor of %s (%s): decoding from the first block", session_id, exc.code().name)
+            return None
+        if state is None:
+            log.warning("the anchor of %s does not match its SHA-256: decoding from the first block", session_id)
+            return None
+        try:
+            snapshot = await asyncio.to_thread(SessionSnapshot.decode, state)
+            redecode = await self.host.call(video.redecode_state_at, snapshot)
+        except (SnapshotMismatch, UserError) as exc:
+            log.warning("the anchor of %s is not used (%s): decoding from the first block", session_id, exc)
+            return None
+        log.info("decoding %s again from its anchor at block %d (frame %d)", session_id, found.next_block,
+                 found.next_frame)  # fmt: skip
+        return redecode, found.next_block, int(found.next_frame)

@@ -75,7 +75,13 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self.probe = CapacityProbe(self.host, self.pump, self.capacity, model)
         supported = self.engine.capabilities.snapshots and driver is None
         self.snapshots = Snapshots(
-            self.host, self.kvcache, config.worker_id, config.snapshot_every, supported, config.snapshot_piece_bytes
+            self.host,
+            self.kvcache,
+            config.worker_id,
+            config.snapshot_every,
+            supported,
+            self.publisher.durable_frames,
+            config.snapshot_piece_bytes,
         )
         self.lanes.after_commit.append(self.snapshots.after_commit)
         self._draining = False
@@ -144,6 +150,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         except BaseException as exc:
             # Nothing half-open stays behind (the pool's page table included): the next OpenSession starts over.
             await self.host.call(video.close)
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                # The blocks it would replay were dropped (its snapshot is not usable here): another worker.
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"worker {self.config.worker_id} cannot restore session {request.session_id!r}: {exc.details()}",
+                )
             if isinstance(exc, grpc.aio.AioRpcError):  # kvcache_svc or its store away: the scheduler tries again
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE, f"session {request.session_id!r} not restored: {exc.details()}"

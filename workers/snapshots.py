@@ -45,6 +45,7 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -120,7 +121,9 @@ class Restored:
 
 class Snapshots:
     """One worker's snapshots. `every`: None for the cost model's N, 0 for none; `supported`: whether
-    the engine's family takes snapshots (`Capabilities.snapshots`, and not a pod)."""
+    the engine's family takes snapshots (`Capabilities.snapshots`, and not a pod); `durable_frames`: how
+    many frames of a session its recording holds durably (shipped with each snapshot: it makes the
+    anchor, see kvcache_svc/snapshots.py)."""
 
     def __init__(
         self,
@@ -129,6 +132,7 @@ class Snapshots:
         worker_id: str,
         every: int | None,
         supported: bool,
+        durable_frames: Callable[[str], int],
         piece_bytes: int = 16 * 2**20,
     ) -> None:
         self.host = host
@@ -137,6 +141,7 @@ class Snapshots:
         self.every = every
         self.supported = supported
         self.piece_bytes = piece_bytes
+        self.durable_frames = durable_frames
         self._progress: dict[str, _Progress] = {}
 
     @property
@@ -199,9 +204,10 @@ class Snapshots:
             else:
                 message.pieces = await self._ship_pieces(session_id, snapshot.next_block, state)
                 message.state_sha256 = await asyncio.to_thread(_sha256, state)
-            await self.kvcache.stub.PutSnapshot(
-                kvcache_pb2.PutSnapshotRequest(session_id=session_id, snapshot=message), timeout=SHIP_DEADLINE_S
+            request = kvcache_pb2.PutSnapshotRequest(
+                session_id=session_id, snapshot=message, durable_frames=self.durable_frames(session_id)
             )
+            await self.kvcache.stub.PutSnapshot(request, timeout=SHIP_DEADLINE_S)
         except grpc.aio.AioRpcError as exc:
             log.warning("snapshot of %s not stored: %s", session_id, exc.code().name)
             return
@@ -226,19 +232,6 @@ class Snapshots:
             await self.kvcache.stub.PutSnapshotPiece(piece, timeout=SHIP_DEADLINE_S)
         return len(starts)
 
-    async def _fetch_pieces(self, session_id: str, found: kvcache_pb2.KVSnapshot) -> bytes | None:
-        """The state of a snapshot shipped in pieces; None when it does not match its digest."""
-        pieces = []
-        for index in range(found.pieces):
-            request = kvcache_pb2.GetSnapshotPieceRequest(
-                session_id=session_id, next_block=found.next_block, index=index
-            )
-            pieces.append((await self.kvcache.stub.GetSnapshotPiece(request, timeout=SHIP_DEADLINE_S)).data)
-        state = b"".join(pieces)
-        if await asyncio.to_thread(_sha256, state) != found.state_sha256:
-            return None
-        return state
-
     def forget(self, session_id: str) -> None:
         """The session left this worker: a snapshot still waiting for commits is dropped."""
         progress = self._progress.pop(session_id, None)
@@ -254,19 +247,16 @@ class Snapshots:
         if not self.supported:
             return Restored()
         try:
-            reply = await self.kvcache.stub.GetSnapshot(
-                kvcache_pb2.GetSnapshotRequest(session_id=session_id), timeout=SHIP_DEADLINE_S
-            )
-            if not reply.found:
+            found = await self.kvcache.snapshot(session_id)
+            if found is None:
                 return Restored()
-            found = reply.snapshot
             unannounced = await self._unannounced(session_id, found, announced_blocks)
             if unannounced is None:
                 log.info("session %s: its snapshot at block %d is past the blocks committed, or the scheduler needs "
                          "blocks announced from %d: replaying from the first block", session_id, found.next_block,
                          announced_blocks)  # fmt: skip
                 return Restored()
-            state = await self._fetch_pieces(session_id, found) if found.pieces else found.state
+            state = await self.kvcache.snapshot_state(session_id, found)
         except grpc.aio.AioRpcError as exc:
             log.warning("no snapshot of %s (%s): replaying from the first block", session_id, exc.code().name)
             return Restored()

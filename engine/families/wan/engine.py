@@ -321,10 +321,17 @@ class WanSession(SessionTail[VideoBlock]):
         """A decoder state for `redecode`: the session's own decoder is never touched."""
         return self.decoder.new_decode_state()
 
+    def redecode_state_at(self, snapshot: SessionSnapshot) -> Any:
+        """A `redecode` state that continues at the snapshot's block (the decoder's memory it holds):
+        blocks from there decode to the same frames as when they were made. `SnapshotMismatch` if it
+        is of another kind of session."""
+        snapshot.check_identity(self._snapshot_identity())
+        return fill_dataclass(self.decoder.new_decode_state(), snapshot.state["decoder"], self._loop().pipeline.device)
+
     @torch.no_grad()
     def redecode(self, block: CommittedBlock, state: Any) -> np.ndarray:
-        """One committed block's frames decoded anew (blocks in order from the first, one `state`
-        for all): the same frames as when they were made."""
+        """One committed block's frames decoded anew (blocks in order from the first, or from a snapshot's
+        `redecode_state_at`; one `state` for all): the same frames as when they were made."""
         return to_uint8_frames(self.decoder.decode_block(committed_latents(block), state))
 
     def close(self) -> None:

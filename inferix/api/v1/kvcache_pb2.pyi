@@ -254,12 +254,14 @@ class KVSnapshot(_message.Message):
     def __init__(self, next_block: _Optional[int] = ..., next_frame: _Optional[int] = ..., state: _Optional[bytes] = ..., worker_id: _Optional[str] = ..., block_frames: _Optional[_Iterable[int]] = ..., pieces: _Optional[int] = ..., state_sha256: _Optional[str] = ...) -> None: ...
 
 class PutSnapshotRequest(_message.Message):
-    __slots__ = ("session_id", "snapshot")
+    __slots__ = ("session_id", "snapshot", "durable_frames")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FRAMES_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     snapshot: KVSnapshot
-    def __init__(self, session_id: _Optional[str] = ..., snapshot: _Optional[_Union[KVSnapshot, _Mapping]] = ...) -> None: ...
+    durable_frames: int
+    def __init__(self, session_id: _Optional[str] = ..., snapshot: _Optional[_Union[KVSnapshot, _Mapping]] = ..., durable_frames: _Optional[int] = ...) -> None: ...
 
 class PutSnapshotResponse(_message.Message):
     __slots__ = ("stored",)
@@ -268,10 +270,12 @@ class PutSnapshotResponse(_message.Message):
     def __init__(self, stored: _Optional[bool] = ...) -> None: ...
 
 class GetSnapshotRequest(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "anchor")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ANCHOR_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    anchor: bool
+    def __init__(self, session_id: _Optional[str] = ..., anchor: _Optional[bool] = ...) -> None: ...
 
 class GetSnapshotResponse(_message.Message):
     __slots__ = ("found", "snapshot")

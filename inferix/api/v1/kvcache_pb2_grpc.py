@@ -172,20 +172,24 @@ class KVCacheServiceServicer:
 
     def GetCommittedBlocks(self, request, context):
         """A session's committed blocks in order, a few per message (no cap on a session's length).
+        FAILED_PRECONDITION when from_block is before the blocks dropped for the session's anchor.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PutSnapshot(self, request, context):
-        """A worker's exact KV snapshot of a session (every N blocks); only the latest per session is kept.
+        """A worker's exact KV snapshot of a session (every N blocks). The latest per session is kept, and
+        the newest one whose frames the session's recording holds (its anchor: committed blocks before the
+        anchor are dropped, a restarted streamer's missing frames are decoded again from it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetSnapshot(self, request, context):
-        """The session's latest snapshot: recovery loads it and replays only the blocks committed after it.
+        """The session's latest snapshot (recovery loads it and replays only the blocks committed after it),
+        or its anchor.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,7 +204,7 @@ class KVCacheServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetSnapshotPiece(self, request, context):
-        """One piece of the session's latest snapshot (NOT_FOUND once a newer snapshot replaced it).
+        """One piece of a snapshot the store keeps (NOT_FOUND once it was dropped).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -69,6 +69,26 @@ def test_a_snapshot_plus_the_blocks_committed_after_it_equals_a_replay_from_the_
         assert run(restored, 3) == expected
 
 
+def test_a_snapshot_decodes_the_blocks_after_it_again_as_they_were_made() -> None:
+    """A restarted streamer's missing frames are decoded again from the session's anchor snapshot (its
+    decoder memory), not from the first block."""
+    engine = load_engine("toyworld", kv_pages=32)
+    with engine.open_session(request("a")) as original:
+        committed, frames = [], []
+        for index in range(10):
+            if index == 6:
+                snapshot = SessionSnapshot.decode(original.snapshot().encode())
+            block = original.next_block()
+            committed.append(block.committed())
+            frames.append(block.frames)
+    with engine.open_session(request("b")) as successor:
+        state = successor.redecode_state_at(snapshot)
+        again = [successor.redecode(block, state) for block in committed[6:]]
+        assert all(a.tobytes() == f.tobytes() for a, f in zip(again, frames[6:], strict=True))
+    with engine.open_session(request("c", seed=6)) as other, pytest.raises(SnapshotMismatch, match="seed 5 != 6"):
+        other.redecode_state_at(snapshot)
+
+
 def test_an_action_model_snapshot_keeps_its_held_keys() -> None:
     engine = load_engine("toyworld-play", kv_pages=32)
     held = HeldAction(keys=(1,), mouse=())
