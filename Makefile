@@ -60,6 +60,7 @@ bench:
 	$(PYTHON) bench/served.py
 	$(PYTHON) bench/recovery.py
 	$(PYTHON) bench/streamer_restart.py
+	$(PYTHON) bench/store_growth.py
 
 # Train the toyworld model from scratch on the CPU (seeded; ~50 min on 2 free cores).
 train-toyworld:

@@ -5,10 +5,14 @@ L(N) is the block latency when N sessions run together; they all play in real ti
 L(N) <= the block's budget (its frames / fps). The meter keeps a moving average of L per batch
 size N (the mean number of sessions in the forwards a block took part in), fits L(N) = a + b*N
 through the sizes it has seen (a startup probe and every block served), and reports the largest N
-inside the budget. Beyond the largest size measured the line is an extrapolation, and says so
-(`measured_up_to`); with a single size measured it assumes no further batching gain (L grows in
-proportion to N), which errs on the safe side. An operator may pin the streams instead
-(`pinned_streams`, e.g. to leave headroom); latencies are still measured and reported.
+inside the budget, but never more than one session past the largest size measured
+(`measured_up_to`): the line beyond it is an extrapolation from blocks that may not carry what served
+blocks do (a probe block is not published nor committed), and a worker that claimed 24 streams from 8
+probe sessions served 8 (bench/RESULTS.md, issue 38). One past lets the claim grow as the worker serves
+more sessions at once, a session at a time. With a single size measured it assumes no further
+batching gain (L grows in proportion to N), which errs on the safe side. An operator may pin the
+streams instead (`pinned_streams`, e.g. to leave headroom); latencies are still measured and
+reported.
 """
 
 from __future__ import annotations
@@ -66,7 +70,8 @@ class CapacityMeter:
         budget = self._budget[key]
         streams = self.pinned_streams
         if not streams:
-            while streams < MAX_STREAMS and latency(streams + 1) <= budget:
+            limit = min(MAX_STREAMS, max(latency.samples) + 1)  # one past what was measured, at most
+            while streams < limit and latency(streams + 1) <= budget:
                 streams += 1
         return StreamCapacity(
             resolution=Resolution(*key),

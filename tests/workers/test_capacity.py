@@ -27,9 +27,19 @@ def test_streams_are_the_largest_batch_whose_blocks_fit_the_budget() -> None:
 
 def test_one_measured_size_assumes_no_further_batching_gain() -> None:
     meter = CapacityMeter(FPS)
-    meter.record(64, 64, 2, 0.080, FRAMES)  # 2 sessions in 80 ms: 4 would take 160 ms, 5 200 ms
-    assert meter.at(64, 64).streams == 4  # type: ignore[union-attr]
+    meter.record(64, 64, 2, 0.100, FRAMES)  # 2 sessions in 100 ms: 3 would take 150 ms, 4 200 ms
+    assert meter.at(64, 64).streams == 3  # type: ignore[union-attr]
     assert meter.at(32, 32) is None
+
+
+def test_a_worker_claims_at_most_one_session_past_the_largest_batch_it_measured() -> None:
+    meter = CapacityMeter(FPS)
+    for batch in (1, 2, 4, 8):  # 10 ms whatever the batch: the line would fit hundreds of sessions
+        meter.record(64, 64, batch, 0.010, FRAMES)
+    cap = meter.at(64, 64)
+    assert cap is not None and (cap.streams, cap.measured_up_to) == (9, 8)
+    meter.record(64, 64, 9, 0.010, FRAMES)  # it served 9 at once: the claim grows by one
+    assert meter.at(64, 64).streams == 10  # type: ignore[union-attr]
 
 
 def test_a_worker_slower_than_real_time_holds_no_stream_and_says_how_slow() -> None:
@@ -47,13 +57,13 @@ def test_measurements_are_averaged_per_resolution_and_batch_size() -> None:
     small, large = meter.capacities()
     assert (small.resolution.width, large.resolution.width) == (32, 64)
     assert large.block_ms == pytest.approx(1e3 * (0.7 * 0.100 + 0.3 * 0.200))
-    assert small.streams == 18  # 10 ms alone, and no gain assumed: 18 x 10 ms <= 187.5 ms
+    assert small.streams == 2  # 10 ms alone: one session past the one measured
 
 
 def test_a_flat_latency_line_claims_at_most_max_streams() -> None:
     meter = CapacityMeter(FPS)
     meter.record(64, 64, 1, 0.010, FRAMES)
-    meter.record(64, 64, 2, 0.010, FRAMES)
+    meter.record(64, 64, 2 * MAX_STREAMS, 0.010, FRAMES)
     assert meter.at(64, 64).streams == MAX_STREAMS  # type: ignore[union-attr]
 
 
@@ -71,10 +81,10 @@ def test_cleared_latencies_are_forgotten_and_later_ones_stand_alone() -> None:
     meter.record(64, 64, 1, 0.900, FRAMES)  # a slow first block (the probe's warm-up)
     meter.clear()
     assert meter.at(64, 64) is None and meter.capacities() == []
-    meter.record(64, 64, 1, 0.030, FRAMES)
+    meter.record(64, 64, 1, 0.090, FRAMES)
     cap = meter.at(64, 64)
-    # 30 ms of a 187.5 ms budget: 6 streams (blended with the cleared 900 ms it would be none)
-    assert cap is not None and cap.streams == 6 and cap.block_ms == pytest.approx(180.0)
+    # 90 ms of a 187.5 ms budget: 2 streams (blended with the cleared 900 ms it would be none)
+    assert cap is not None and cap.streams == 2 and cap.block_ms == pytest.approx(180.0)
 
 
 def test_the_worker_probe_measures_its_native_resolution_with_batched_sessions() -> None:
