@@ -79,11 +79,9 @@ def _decode_index(data: bytes | None) -> dict[int, str]:
     return {int(index): digest for index, digest in json.loads(data).items()} if data else {}
 
 
-def _entries_from(first: int, gone: dict[int, str], old: bytes | None) -> bytes:
-    """An index page without its entries before `first`, which go to `gone`."""
-    index = _decode_index(old)
-    gone.update({i: d for i, d in index.items() if i < first})
-    return _encode_index({i: d for i, d in index.items() if i >= first})
+def _entries_from(first: int, old: bytes | None) -> bytes:
+    """An index page without its entries before `first`."""
+    return _encode_index({i: d for i, d in _decode_index(old).items() if i >= first})
 
 
 def _first_kept(data: bytes | None) -> int:
@@ -198,9 +196,10 @@ class BlockStore:
     async def drop_before(self, session_id: str, before_block: int) -> int:
         """Delete the session's committed blocks before `before_block` (its anchor's next block); how many.
 
-        Idempotent, and safe to interrupt anywhere (kvcache_svc may be killed meanwhile): a page loses its
-        entries before their blocks are deleted, the first-kept mark moves before emptied pages go, and
-        the next call starts from the previous mark's page. Page 0 stays (empty): its key is the session's."""
+        Idempotent, and safe to interrupt anywhere (kvcache_svc may be killed meanwhile): blocks are deleted
+        before their page forgets them (no block is left that no page names), the first-kept mark moves
+        before emptied pages go, and the next call starts again from the previous mark's page. Page 0
+        stays (empty): its key is the session's."""
         require_id("session_id", session_id)
         previous = await self.first_kept(session_id)
         if before_block <= previous:
@@ -209,12 +208,13 @@ class BlockStore:
         dropped = 0
         last_page = (before_block - 1) // INDEX_PAGE_BLOCKS
         for page in range(previous // INDEX_PAGE_BLOCKS, last_page + 1):
-            gone: dict[int, str] = {}
-            if await self.store.get(_index_key(session_id, page)) is None:
+            entries = await self.store.get(_index_key(session_id, page))
+            if entries is None:
                 break  # pages follow each other: none after a missing one
-            await self.store.update(_index_key(session_id, page), partial(_entries_from, before_block, gone), ttl_s=ttl)
-            for block_index, digest in gone.items():
+            gone = [(i, d) for i, d in _decode_index(entries).items() if i < before_block]
+            for block_index, digest in gone:
                 await self.store.delete(_block_key(session_id, block_index, digest))
+            await self.store.update(_index_key(session_id, page), partial(_entries_from, before_block), ttl_s=ttl)
             dropped += len(gone)
 
         def later(old: bytes | None) -> bytes:
@@ -232,7 +232,8 @@ class BlockStore:
         index = await self._index(session_id, first_page)
         for block_index, digest in index.items():
             await self.store.expire(_block_key(session_id, block_index, digest), ttl_s)
-        pages = {block_index // INDEX_PAGE_BLOCKS for block_index in index} | {0, first_page}
+        # the pages before the first kept too: a drop_before interrupted after its mark may have left some
+        pages = {block_index // INDEX_PAGE_BLOCKS for block_index in index} | set(range(first_page + 1))
         await self.store.expire(_dropped_key(session_id), ttl_s)
         for page in sorted(pages, reverse=True):  # the session's key last: a commit meanwhile reads its TTL
             await self.store.expire(_index_key(session_id, page), ttl_s)

@@ -179,7 +179,8 @@ class SnapshotStore:
         """Make the newest candidate the recording holds (next_frame <= `durable_frames`) the anchor if it
         is newer than the anchor; drop the candidates it passed and those past MAX_CANDIDATES. Returns
         the anchor's next block (0: none)."""
-        candidates = [c for c in map(_parse, await self.store.get_many(await self._candidate_keys(session_id))) if c]
+        values = await self.store.get_many(await self._candidate_keys(session_id))
+        candidates = [c for c in map(_parse, values) if c is not None]  # by next block, the oldest first
         anchor = _parse(await self.store.get(_anchor_key(session_id)))
         held = [c for c in candidates if c.next_frame <= durable_frames]
         if held and (anchor is None or held[-1].next_block > anchor.next_block):
