@@ -92,9 +92,10 @@ def run_tree(name: str, tree: Path, workdir: Path, url: str, port: int, blocks: 
             for event in client.events(info.session_id):
                 if isinstance(event, BlockDone) and (event.block_index + 1) % every == 0:
                     stored, keys = asyncio.run(session_bytes(url, info.session_id))
-                    samples.append((event.block_index + 1, stored, keys, used_memory(port)))
+                    redis_bytes = used_memory(port)
+                    samples.append((event.block_index + 1, stored, keys, redis_bytes))
                     print(f"{name}: {event.block_index + 1} blocks: {stored / 2**10:.0f} KiB in {keys} keys for the "
-                          f"session, redis {used_memory(port) / 2**20:.1f} MiB", flush=True)  # fmt: skip
+                          f"session, redis {redis_bytes / 2**20:.1f} MiB", flush=True)  # fmt: skip
     finally:
         mesh.stop()
     return samples

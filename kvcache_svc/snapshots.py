@@ -46,8 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import weakref
 from dataclasses import dataclass
 from functools import partial
 
@@ -119,7 +118,7 @@ class SnapshotStore:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # per session: its lock, and its users
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     async def put(self, session_id: str, snapshot: kvcache_pb2.KVSnapshot, durable_frames: int = 0) -> SnapshotPut:
         """Keep `snapshot` unless the store holds one at least as recent; the snapshot it replaces waits
@@ -217,20 +216,12 @@ class SnapshotStore:
             return
         await self._delete_pieces(session_id, snapshot.next_block, snapshot.pieces)
 
-    @asynccontextmanager
-    async def _ordered(self, session_id: str) -> AsyncIterator[None]:
-        """One put of a session at a time in this process; the lock goes when nobody holds or awaits it."""
-        lock, users = self._locks.get(session_id, (asyncio.Lock(), 0))
-        self._locks[session_id] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[session_id]
-            if users == 1:
-                del self._locks[session_id]
-            else:
-                self._locks[session_id] = (lock, users - 1)
+    def _ordered(self, session_id: str) -> asyncio.Lock:
+        """One put of a session at a time in this process; the lock goes once no put holds or awaits it."""
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        return lock
 
     async def put_piece(self, session_id: str, next_block: int, index: int, data: bytes) -> None:
         """Keep one piece of the snapshot at `next_block` until that snapshot is put (or PENDING_PIECE_TTL_S)."""

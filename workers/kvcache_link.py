@@ -31,6 +31,11 @@ COMMITTED_PAGE_DEADLINE_S = 60.0  # one page of committed blocks (~4 MiB)
 SNAPSHOT_DEADLINE_S = 60.0  # one snapshot message or piece (up to 64 MiB)
 
 
+def state_sha256(state: bytes) -> str:
+    """The digest a snapshot in pieces carries of its whole state (hex)."""
+    return hashlib.sha256(state).hexdigest()
+
+
 @dataclass
 class WorkerReport:
     """What a heartbeat (or the registration) reports, built fresh for each."""
@@ -106,7 +111,7 @@ class KVCacheLink:
             )
             pieces.append((await self.stub.GetSnapshotPiece(request, timeout=SNAPSHOT_DEADLINE_S)).data)
         state = b"".join(pieces)
-        if await asyncio.to_thread(lambda: hashlib.sha256(state).hexdigest()) != found.state_sha256:
+        if await asyncio.to_thread(state_sha256, state) != found.state_sha256:
             return None
         return state
 

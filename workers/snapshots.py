@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import logging
 import math
 import statistics
@@ -57,7 +56,7 @@ from inferix.api.v1 import common_pb2, kvcache_pb2
 from inferix.spec.blocks import CommittedBlock
 from workers.blocks import Pause, block_event
 from workers.engine_host import EngineHost
-from workers.kvcache_link import KVCacheLink
+from workers.kvcache_link import KVCacheLink, state_sha256
 
 log = logging.getLogger("inferix.worker.snapshots")
 AUTO = "auto"
@@ -203,7 +202,7 @@ class Snapshots:
                 message.state = state
             else:
                 message.pieces = await self._ship_pieces(session_id, snapshot.next_block, state)
-                message.state_sha256 = await asyncio.to_thread(_sha256, state)
+                message.state_sha256 = await asyncio.to_thread(state_sha256, state)
             request = kvcache_pb2.PutSnapshotRequest(
                 session_id=session_id, snapshot=message, durable_frames=self.durable_frames(session_id)
             )
@@ -312,7 +311,3 @@ def _frames_before(frames: collections.deque[tuple[int, int]], next_block: int) 
         counts.append(count)
         expected -= 1
     return counts[::-1]
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -300,10 +300,9 @@ class WanSession(SessionTail[VideoBlock]):
         """Continue from `snapshot` (of a session of the same request) instead of replaying the blocks it
         covers; `restore(..., from_start=False)` replays the blocks committed after it. `SnapshotMismatch`
         if it is of another kind of session (the session is then left as it was)."""
-        snapshot.check_identity(self._snapshot_identity())
+        decode_state = self.redecode_state_at(snapshot)  # checks the snapshot's identity first
         loop = self._loop()
         state = snapshot.state
-        decode_state = fill_dataclass(self.decoder.new_decode_state(), state["decoder"], loop.pipeline.device)
         try:
             loop.load_state(state["loop"])
         except ValueError as exc:  # e.g. another KV layout (--kv-dtype) than the snapshot's
