@@ -34,6 +34,7 @@ import time
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import av
@@ -130,7 +131,9 @@ def _throughput(frames: int, encoder: str, out: multiprocessing.Queue) -> None:
         mp4.close()
         flv.close()
         elapsed = time.perf_counter() - started
-        size = (Path(tmp) / "bench.mp4").stat().st_size
+        recording = mp4.assemble()  # the segments joined, as a session's MP4 is when it ends
+        assert recording is not None, "the recorder wrote no segment"
+        size = recording.stat().st_size
     per_frame.sort()
     out.put(
         {
@@ -146,7 +149,15 @@ def throughput(frames: int, encoder: str) -> dict[str, float]:
     queue: multiprocessing.Queue = multiprocessing.Queue()
     process = multiprocessing.get_context("fork").Process(target=_throughput, args=(frames, encoder, queue))
     process.start()
-    result: dict[str, float] = queue.get(timeout=600)
+    deadline = time.monotonic() + 600
+    while True:  # not a bare queue.get: a child that died would leave the run waiting out the timeout
+        try:
+            result: dict[str, float] = queue.get(timeout=1)
+            break
+        except Empty:
+            if not process.is_alive() or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"the encode child ended without a result (exit code {process.exitcode})") from None
     process.join()
     return result
 
