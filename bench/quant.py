@@ -33,6 +33,7 @@ import copy
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -41,9 +42,7 @@ from typing import TypeVar
 
 import numpy as np
 import torch
-from precision import BENCH_DIT, BENCH_LATENT, FRAMES, SINK, WINDOW, StepBench, time_steps
 from torch import Tensor, nn
-from toyworld import SCENES, blocks_for
 
 from engine.families.wan.dit import CausalWanDiT
 from engine.families.wan.engine import WanEngine
@@ -60,6 +59,10 @@ from inferix.spec.presets import load_preset
 from inferix.spec.sampling import BlockConfig, PipelineConfig, SamplingConfig
 from inferix.spec.sizing import native_latent_size
 from toyworld_lab.evaluate import generate_blocks, video_stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling benches, also under `python -P`
+from precision import BENCH_DIT, BENCH_LATENT, FRAMES, SINK, WINDOW, StepBench, time_steps  # noqa: E402
+from toyworld import SCENES, blocks_for  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "golden"
 REAL_PRESET = "self-forcing-dmd"
