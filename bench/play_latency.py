@@ -89,9 +89,10 @@ BEAT_S = BEAT_FRAMES / 16  # the pauses of a toyworld-play press are in beats (i
 PLAY_PROMPT = "a red ball steered by the arrow keys"
 PLAY_KEYS = ("ArrowRight", "ArrowLeft")
 PLAY_DIRECTIONS = {"right": (1.0, 0.0), "left": (-1.0, 0.0)}  # by schema name (ArrowRight is "right")
-# The simulator moves a resting object 1.2 px in the first frame a key is held and 3.2 px by the second, so
-# the photon counted is about one frame (62 ms) after the first frame that shows the key; a smaller move is
-# within what an unpushed object drifts over the half second a press takes to show (1 px gave 32 ms).
+# The simulator accelerates a resting object 1.2 px/frame² with friction 0.7 (toyworld_lab/play.py): it moves
+# 0.84 px in the first frame a key is held, 2.3 px by the second and 4.1 px by the third, so the photon counted
+# is the third frame that shows the key, two frames (125 ms) after the first. A smaller move is within what an
+# unpushed object drifts over the half second a press takes to show (1 px gave 32 ms).
 MOTION_PX = 3.0
 BACKGROUND = (18, 18, 28)  # toyworld_lab.world.BACKGROUND; a pixel 80 RGB units away from it is the object's
 CHROMIUM_FLAGS = [
