@@ -38,15 +38,27 @@ The anchor only moves forward. Once it does, the committed blocks before it are 
 and a restarted streamer's frames are decoded again from the anchor, so nothing reads them. A session
 keeps the latest snapshot, the anchor, at most MAX_CANDIDATES candidates and the blocks after the
 anchor: a bounded store however long it runs. Pieces of a snapshot are deleted when no kept record
-names them. One kvcache_svc process orders the puts of a session (a lock); replicas sharing a store
-could interleave two puts of one session, which only a failover's two workers send at once.
+names them.
+
+A failover's two workers may put one session's snapshots at once, through two kvcache_svc replicas
+sharing the store (the old worker retrying its last one while the new worker puts the next). A put
+reads records and then writes others, so two interleaved puts could delete the pieces of a snapshot
+the other was just making a candidate. So a session's puts take turns: a lock within a process, then
+the session's lease in the store, which a put holds for a few round trips:
+
+    kvcache/snapshot-leases/<session>    the holding put's random token, expiring after LEASE_TTL_S
+
+A replica that dies holding it delays the session's next put by LEASE_TTL_S at most.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import secrets
 import weakref
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -60,6 +72,12 @@ SNAPSHOTS_PREFIX = "kvcache/snapshots/"
 PIECES_PREFIX = "kvcache/snapshot-pieces/"
 ANCHORS_PREFIX = "kvcache/snapshot-anchors/"
 CANDIDATES_PREFIX = "kvcache/snapshot-candidates/"
+LEASES_PREFIX = "kvcache/snapshot-leases/"
+# A put holds its session's lease for a few store round trips; one older than this was cut off (its
+# replica died) and the next put takes the lease over.
+LEASE_TTL_S = 10.0
+# How often a put waiting for the lease asks again: from a millisecond, doubling to 50 ms.
+LEASE_RETRY_S, LEASE_MAX_RETRY_S = 0.001, 0.05
 # Candidates kept at most: snapshots every 8 or more blocks (1.5 s of toyworld) against a recording
 # durable every 4 s leave 3 waiting; past the cap the oldest goes (the anchor then moves later).
 MAX_CANDIDATES = 4
@@ -77,6 +95,10 @@ def _anchor_key(session_id: str) -> str:
 
 def _candidates_key(session_id: str) -> str:
     return f"{CANDIDATES_PREFIX}{session_id}"
+
+
+def _lease_key(session_id: str) -> str:
+    return f"{LEASES_PREFIX}{session_id}"
 
 
 def _candidate_key(session_id: str, next_block: int) -> str:
@@ -216,12 +238,23 @@ class SnapshotStore:
             return
         await self._delete_pieces(session_id, snapshot.next_block, snapshot.pieces)
 
-    def _ordered(self, session_id: str) -> asyncio.Lock:
-        """One put of a session at a time in this process; the lock goes once no put holds or awaits it."""
+    @contextlib.asynccontextmanager
+    async def _ordered(self, session_id: str) -> AsyncIterator[None]:
+        """One put of a session at a time across the replicas sharing the store: this process's lock
+        (it goes once no put holds or awaits it), then the session's lease in the store."""
         lock = self._locks.get(session_id)
         if lock is None:
             lock = self._locks[session_id] = asyncio.Lock()
-        return lock
+        async with lock:
+            key, token = _lease_key(session_id), secrets.token_hex(16).encode()
+            retry = LEASE_RETRY_S
+            while not await self.store.compare_and_set(key, None, token, ttl_s=LEASE_TTL_S):
+                await asyncio.sleep(retry)
+                retry = min(2 * retry, LEASE_MAX_RETRY_S)
+            try:
+                yield
+            finally:
+                await self.store.compare_and_set(key, token, None)
 
     async def put_piece(self, session_id: str, next_block: int, index: int, data: bytes) -> None:
         """Keep one piece of the snapshot at `next_block` until that snapshot is put (or PENDING_PIECE_TTL_S)."""
