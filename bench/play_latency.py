@@ -47,7 +47,9 @@ ahead is within a frame of 0 when playback is steady). Two things move the measu
 the scheduler's playback clock counts block b from frame 12b while Matrix-Game's block 0 has 9 frames
 (block b starts at 12b - 3), so its lead is 3 frames (188 ms) shorter than it thinks; and the streamer
 starts its clock a jitter buffer (100 ms) after the first frame and, under `hold`, keeps every freeze
-(an underrun) in the timeline, so each freeze adds to every later action's latency. A warm-up session
+(an underrun) in the timeline, so each freeze adds to every later action's latency. With toyworld-play
+the floor adds the frames the world's physics takes to move a resting object MOTION_PX (the photon is the
+third frame a key is held: two frames more than the first that shows it). A warm-up session
 runs first so the worker's first-call costs do not land in the measured sessions.
 
     python bench/play_latency.py                     # 30 presses per mode: interactive, then smooth (lookahead 1)
@@ -76,6 +78,7 @@ from inferix.client import BlockDone, Client, CommandAccepted
 from inferix.spec.latency import LATENCY_CHOICES
 from inferix.spec.presets import load_preset
 from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
+from toyworld_lab.play import Player, all_play_specs, key_row
 from toyworld_lab.play_eval import BEAT_FRAMES
 
 MODEL = "matrixgame2-tiny"
@@ -425,18 +428,30 @@ def measure_motion(
     )
 
 
-def report_motion(model: str, runs: list[MotionRun]) -> None:
+def frames_to_move(px: float) -> int:
+    """How many frames a key is held, from rest, before the simulator's object has moved `px` (3 for 3 px)."""
+    player = Player.create(all_play_specs()[0], random.Random(0), at=(32.0, 32.0), size=5.0)
+    start, frames = player.body.x, 0
+    while player.body.x - start < px:
+        player.step(key_row(["right"]))
+        frames += 1
+    return frames
+
+
+def report_motion(model: str, fps: float, runs: list[MotionRun]) -> None:
     print(f"\n{model}: key press -> first frame with the object {MOTION_PX:g} px the pressed way")
     print(f"{'mode':<16} {'presses':<8} {'p50 ms':>8} {'p95 ms':>8} {'min ms':>8} {'max ms':>8}   floor ms")
+    physics = frames_to_move(MOTION_PX) - 1  # frames after the first that shows the key
     for run in runs:
         block_ms = run.block_s * 1e3
-        floor = 0.5 * block_ms + max(run.generation_ms, run.lookahead * block_ms)
+        floor = 0.5 * block_ms + max(run.generation_ms, run.lookahead * block_ms) + physics * 1e3 / fps
         values = run.latency_ms
         print(
             f"{label(run.mode, run.lookahead):<16} {len(values):<8}"
             f" {percentile(values, 50):>8.0f} {percentile(values, 95):>8.0f}"
             f" {min(values):>8.0f} {max(values):>8.0f}   {floor:.0f} = 0.5 x {block_ms:.0f} ms block"
             f" + max(generation {run.generation_ms:.0f}, {run.lookahead} x {block_ms:.0f})"
+            f" + {physics} frames to move {MOTION_PX:g} px"
         )
     for run in runs:
         print(
@@ -621,7 +636,7 @@ def main() -> None:
     if runs:
         report(runs)
     if motion:
-        report_motion(args.model, motion)
+        report_motion(args.model, float(load_preset(args.model).video.fps), motion)
 
 
 if __name__ == "__main__":
