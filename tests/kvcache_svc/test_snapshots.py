@@ -5,6 +5,7 @@ expiring with the session (in-process, on the in-memory store and on a real redi
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -12,7 +13,7 @@ from inferix.api.v1 import kvcache_pb2
 from inferix.store import open_store
 from inferix.store.memory import MemoryStore
 from kvcache_svc.errors import InvalidRequestError, NotFoundError, PreconditionError
-from kvcache_svc.snapshots import MAX_CANDIDATES, SnapshotStore
+from kvcache_svc.snapshots import LEASES_PREFIX, MAX_CANDIDATES, SnapshotStore
 
 
 def snapshot(next_block: int) -> kvcache_pb2.KVSnapshot:
@@ -152,6 +153,22 @@ def test_pieces_stay_while_a_kept_snapshot_names_them(store_url: str) -> None:
         assert await snapshots.expire("s", 0.01)
         await asyncio.sleep(0.05)
         assert await pieces() == []
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_put_waits_out_the_lease_of_a_replica_that_died_holding_it(store_url: str) -> None:
+    async def scenario() -> None:
+        store = open_store(store_url)
+        snapshots = SnapshotStore(store)
+        # A replica that died in the middle of a put of session "s" left its lease behind.
+        await store.put(f"{LEASES_PREFIX}s", b"dead replica", ttl_s=0.4)
+        started = time.monotonic()
+        assert (await snapshots.put("s", snapshot(8))).stored
+        assert time.monotonic() - started >= 0.3  # not before the lease expired
+        assert await store.get(f"{LEASES_PREFIX}s") is None  # the put gave its own back
+        assert (await snapshots.put("other", snapshot(8))).stored  # other sessions never waited on it
         await store.close()
 
     asyncio.run(scenario())
