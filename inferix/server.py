@@ -11,6 +11,9 @@ Every service (`python -m scheduler`, `python -m workers`, `python -m kvcache_sv
 async `drain()` called on SIGTERM before the server stops. With `--port 0` the OS picks a free
 port; `--port-file` receives `{"grpc": port, "metrics": port}` once the server listens, which is
 how tests and `inferix serve` find a child process (and its "pid": the process that serves).
+A service started by a local mesh (`inferix serve`, `inferix_cli.mesh.launch`) gets its launcher's pid
+in INFERIX_PARENT_PID and drains and stops, as on SIGTERM, once that process is gone: a launcher killed
+outright (SIGKILL, a `timeout`) leaves no service behind holding its ports and cores.
 
 A service given `add_tls_arguments` (the scheduler: the mesh's only public port) serves TLS on its
 port with `--tls-cert/--tls-key`, re-reading the files when they change (a rotated certificate is
@@ -48,6 +51,8 @@ from inferix.mesh_channel import RotatingChannel
 from inferix.mesh_tls import CertificateFiles, MeshTls, add_mesh_tls_arguments, mesh_tls_from_args
 from inferix.telemetry import server_interceptor, setup_tracing, shutdown_tracing
 
+PARENT_PID_ENV = "INFERIX_PARENT_PID"
+PARENT_POLL_S = 1.0  # how often a service started by a local mesh checks that its launcher lives
 log = logging.getLogger("inferix.server")
 
 MAX_MESSAGE_BYTES = 64 * 2**20  # a decoded 480x832 RGB frame is 1.2 MB; latents are smaller
@@ -346,7 +351,11 @@ async def run_server(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    parent = _parent_pid()
+    watch = asyncio.create_task(_watch_parent(parent, on_signal)) if parent is not None else None
     await stop.wait()
+    if watch is not None:
+        watch.cancel()
     log.info("shutting down (%s): draining in-flight work (grace %.1fs)", received[0].name, options.grace_s)
     if registration.stopped_by is not None:
         registration.stopped_by(received[0])
@@ -361,6 +370,34 @@ async def run_server(
         await probes.stop(None)
     shutdown_tracing()
     log.info("stopped")
+
+
+def _parent_pid() -> int | None:
+    """The pid of the local mesh that launched this service (INFERIX_PARENT_PID), if any."""
+    value = os.environ.get(PARENT_PID_ENV, "")
+    try:
+        return int(value) if value else None
+    except ValueError:
+        log.warning("%s=%r is not a pid: this service does not watch its launcher", PARENT_PID_ENV, value)
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid: it exists
+        return True
+    return True
+
+
+async def _watch_parent(pid: int, stop: Callable[[signal.Signals], None]) -> None:
+    """Stop the service as on SIGTERM (drain first) once the process that launched it is gone."""
+    while _alive(pid):
+        await asyncio.sleep(PARENT_POLL_S)
+    log.warning("the local mesh that launched this service (pid %d) is gone: stopping", pid)
+    stop(signal.SIGTERM)
 
 
 def _bind(service: str, server: grpc.aio.Server, options: ServerOptions) -> dict[str, int]:

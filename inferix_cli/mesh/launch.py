@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inferix.server import PARENT_PID_ENV
+
 
 class ServiceStartError(RuntimeError):
     pass
@@ -287,9 +289,9 @@ def launch_service(
     if metrics:
         cmd += ["--metrics-port", str(metrics_port)]
     with log_path.open("ab" if append_log else "wb") as log:
-        process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
-        )
+        # The service stops once this process is gone (inferix/server.py), even if it is SIGKILLed.
+        environ = {**os.environ, PARENT_PID_ENV: str(os.getpid()), **(env or {})}
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=environ, start_new_session=True)
     return StartingService(name, process, port_file, log_path, timeout, time.monotonic() + timeout, host=host)
 
 

@@ -356,6 +356,20 @@ def test_sigterm_while_starting_leaves_nothing_behind(serve: Callable[..., Serve
     assert len(mesh.seen) >= 3 and left_running(mesh.seen) == [], mesh.output()
 
 
+def test_a_sigkilled_serve_leaves_no_service_behind(serve: Callable[..., Serve]) -> None:
+    """Killed outright, `inferix serve` stops nothing itself: each service sees its launcher gone and
+    drains and stops on its own (inferix/server.py, INFERIX_PARENT_PID)."""
+    mesh = serve("--workers", "1", "--rtmp", "off")
+    names = ["scheduler", "worker0", "streamer", "kvcache"]
+    services = {name: mesh.pid_of(name) for name in names}
+    assert set(services.values()) <= set(mesh.seen), (services, mesh.seen)
+    assert mesh.finish(signal.SIGKILL) == -signal.SIGKILL
+    wait_until(lambda: left_running(mesh.seen) == [], 60, "every service stopped")
+    for name in names:
+        log = (mesh.workdir / f"{name}.log").read_text()
+        assert "the local mesh that launched this service" in log and "is gone: stopping" in log, (name, log[-2000:])
+
+
 def test_sigint_while_a_restart_backs_off_restarts_nothing(serve: Callable[..., Serve]) -> None:
     mesh = serve("--workers", "1", "--rtmp", "off", env={"INFERIX_SERVE_BACKOFF_S": "5"})
     os.kill(mesh.pid_of("kvcache"), signal.SIGKILL)
