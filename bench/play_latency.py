@@ -78,7 +78,7 @@ from inferix.client import BlockDone, Client, CommandAccepted
 from inferix.spec.latency import LATENCY_CHOICES
 from inferix.spec.presets import load_preset
 from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
-from toyworld_lab.play import Player, all_play_specs, key_row
+from toyworld_lab.play import pushed_from_rest
 from toyworld_lab.play_eval import BEAT_FRAMES
 
 MODEL = "matrixgame2-tiny"
@@ -430,12 +430,7 @@ def measure_motion(
 
 def frames_to_move(px: float) -> int:
     """How many frames a key is held, from rest, before the simulator's object has moved `px` (3 for 3 px)."""
-    player = Player.create(all_play_specs()[0], random.Random(0), at=(32.0, 32.0), size=5.0)
-    start, frames = player.body.x, 0
-    while player.body.x - start < px:
-        player.step(key_row(["right"]))
-        frames += 1
-    return frames
+    return next(frame + 1 for frame, moved in enumerate(pushed_from_rest("right", 32)) if moved >= px)
 
 
 def report_motion(model: str, fps: float, runs: list[MotionRun]) -> None:

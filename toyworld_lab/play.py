@@ -134,6 +134,18 @@ class Player:
         return self.world.render()
 
 
+def pushed_from_rest(key: str, frames: int) -> list[float]:
+    """How far a resting object (away from the walls) has moved the `key` way after each of the first
+    `frames` frames the key is held, in px: the answer a play model learns to give."""
+    player = Player.create(all_play_specs()[0], random.Random(0), at=(32.0, 32.0), size=5.0)
+    (x0, y0), (dx, dy) = (player.body.x, player.body.y), DIRECTIONS[key]
+    moved = []
+    for _ in range(frames):
+        player.step(key_row([key]))
+        moved.append((player.body.x - x0) * dx + (player.body.y - y0) * dy)
+    return moved
+
+
 @dataclass(frozen=True)
 class PlayClip:
     """Rendered frames of one play video, the keys held in each frame, the prompt of every block."""
@@ -232,6 +244,7 @@ __all__ = [
     "key_row",
     "parse_play_prompt",
     "play",
+    "pushed_from_rest",
     "random_held",
     "random_key_rows",
     "random_play_clip",

@@ -15,7 +15,9 @@ from engine.families.wan.engine import WanEngine
 from engine.families.wan.loader import TOYWORLD_PLAY_WEIGHTS, TOYWORLD_WEIGHTS, load_wan_model, resolve_model_dir
 from toyworld_lab.measure import read_frame
 from toyworld_lab.play import (
+    ACCELERATION,
     DIRECTIONS,
+    FRICTION,
     KEYS,
     Player,
     PlaySpec,
@@ -24,6 +26,7 @@ from toyworld_lab.play import (
     key_row,
     parse_play_prompt,
     play,
+    pushed_from_rest,
     random_key_rows,
     random_play_clip,
 )
@@ -49,6 +52,17 @@ def test_a_held_key_accelerates_the_object_its_way(key: str) -> None:
     assert moves[0] > 0 and moves[0] < moves[1] < moves[2]  # faster every frame
     assert sum(moves) > 3  # clearly moved within one block of 3 frames
     assert (player.body.x - 32) * dy == 0 and (player.body.y - 32) * dx == 0  # and only its way
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_pushed_from_rest_is_the_held_keys_acceleration_with_friction(key: str) -> None:
+    expected, position, speed = [], 0.0, 0.0
+    for _ in range(4):
+        speed = (speed + ACCELERATION) * FRICTION
+        position += speed
+        expected.append(position)
+    assert pushed_from_rest(key, 4) == pytest.approx(expected)
+    assert pushed_from_rest(key, 3)[1] < 3.0 <= pushed_from_rest(key, 3)[2]  # 3 px in the third frame
 
 
 def test_a_diagonal_pair_pushes_along_both_axes_and_opposite_keys_cancel() -> None:
