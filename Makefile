@@ -60,6 +60,7 @@ bench:
 	$(PYTHON) bench/capacity.py
 	$(PYTHON) bench/drain.py
 	$(PYTHON) bench/served.py
+	$(PYTHON) bench/worker_layout.py
 	$(PYTHON) bench/recovery.py
 	$(PYTHON) bench/streamer_restart.py
 	$(PYTHON) bench/store_growth.py

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,15 @@ def register(subparsers: Any) -> None:
     )
     add_mesh_tls_arguments(parser)
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument(
+        "--worker-threads",
+        type=int,
+        default=0,
+        metavar="T",
+        help="torch CPU threads of each worker process (default: torch's, every core). The count is part of "
+        "a session's numerics on a CPU: compare with `inferix generate --threads T`. On a small CPU, "
+        "--workers C --worker-threads 1 serves small models faster (see Workers and CPU cores in docs/serve.md)",
+    )
     parser.add_argument(
         "--ranks-per-worker",
         type=int,
@@ -168,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
     if args.ranks_per_worker < 1:
         raise UserError(f"--ranks-per-worker must be at least 1, got {args.ranks_per_worker}")
+    if args.worker_threads < 0:
+        raise UserError(f"--worker-threads must be at least 1 (or 0: torch's default), got {args.worker_threads}")
     builtin = (*BUILTIN_MODELS, TINY_MODEL)
     if args.model is not None and not args.model.is_dir() and str(args.model) not in builtin:
         raise UserError(
@@ -213,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         api_keys_file=args.api_keys_file,
         lookahead=args.lookahead,
+        worker_threads=args.worker_threads,
         realtime_streams=args.realtime_streams,
         capacity_probe=args.capacity_probe,
         compile=args.compile,
@@ -230,7 +243,12 @@ def run(args: argparse.Namespace) -> int:
     )
     pods = f" of {args.ranks_per_worker} ranks" if args.ranks_per_worker > 1 else ""
     model = args.model or "toyworld (built-in)"
-    print(f"starting Inferix ({args.workers} worker(s){pods}, model {model}) ...", flush=True)
+    threads = f", {args.worker_threads} CPU thread(s) each" if args.worker_threads else ""
+    print(f"starting Inferix ({args.workers} worker(s){pods}{threads}, model {model}) ...", flush=True)
+    if args.device == "cpu" and args.ranks_per_worker == 1:
+        note = oversubscription_note(args.workers, args.worker_threads, os.environ, len(os.sched_getaffinity(0)))
+        if note:
+            print(note, file=sys.stderr, flush=True)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     terminated = False
 
@@ -275,6 +293,25 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def oversubscription_note(workers: int, worker_threads: int, environ: Mapping[str, str], cores: int) -> str | None:
+    """A note when the workers' torch threads together outnumber the `cores` and fewer would do, else
+    None. Each worker runs its blocks on an OpenMP team, and teams that share cores stall one another:
+    2 toyworld workers of 2 threads on 2 cores served less than half the frames of 2 workers of one
+    thread (`python -P bench/worker_layout.py`, bench/RESULTS.md)."""
+    given = environ.get("INFERIX_THREADS") or environ.get("OMP_NUM_THREADS") or str(cores)
+    if not given.isdigit():  # the workers will say what is wrong with it
+        return None
+    threads = worker_threads or int(given) or cores
+    fit = max(1, cores // workers)
+    if workers == 1 or threads <= fit:
+        return None
+    return (
+        f"note: {workers} workers of {threads} CPU threads each on {cores} cores: their OpenMP teams stall one "
+        f"another; --worker-threads {fit} serves more (compare frames with `inferix generate --threads {fit}`: "
+        "the thread count is part of a session's numerics). See docs/serve.md, Workers and CPU cores"
+    )
 
 
 def _decoder_path(value: str) -> str:

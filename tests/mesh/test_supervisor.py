@@ -82,9 +82,11 @@ class Serve:
         keys = workdir.parent / f"{workdir.name}-api-keys"
         keys.write_text(f"{KEY_A} alice\n{KEY_B} bob\n")
         cmd = [sys.executable, "-m", "inferix_cli", "serve", "--port", "0", "--http-port", "0"]
-        cmd += ["--workdir", str(workdir), "--api-keys-file", str(keys), *args]
-        # One torch thread per worker: the numerics of `inferix generate --threads 1`.
-        environ = {**os.environ, "INFERIX_THREADS": "1", "INFERIX_INTERNAL_TOKEN": TOKEN, **(env or {})}
+        # One torch thread per worker: the numerics of `inferix generate --threads 1` (the digests
+        # compared below show that the flag reaches every worker).
+        cmd += ["--workdir", str(workdir), "--api-keys-file", str(keys), "--worker-threads", "1", *args]
+        environ = {**os.environ, "INFERIX_INTERNAL_TOKEN": TOKEN, **(env or {})}
+        environ.pop("INFERIX_THREADS", None)
         self.process = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, start_new_session=True
         )
