@@ -285,9 +285,10 @@ def _grow(x: Tensor, module: TGrow, n: int, t: int) -> Tensor:
         return grown
     if grown.is_contiguous():
         return grown.reshape(n * t * s, c, h, w)
-    # Channels-last: split the channel groups into steps and stay channels-last (one copy either way).
+    # Channels-last: split the channel groups into steps and stay channels-last (one copy either way;
+    # for one step the reshape is a strided view, which must not reach the next layers as it is).
     nhwc = grown.permute(0, 2, 3, 1).reshape(n * t, h, w, s, c).permute(0, 3, 1, 2, 4)
-    return nhwc.reshape(n * t * s, h, w, c).permute(0, 3, 1, 2)
+    return nhwc.reshape(n * t * s, h, w, c).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
 
 
 # Activations larger than this go through the remaining layers a few time steps at a time (memory
@@ -369,7 +370,10 @@ def _format_of(x: Tensor) -> torch.memory_format:
 
 
 def _shift_in_time(x: Tensor, carried: Tensor, n: int, t: int) -> Tensor:
-    """Each step's previous step: `carried` [n, C, H, W] at t = 0, then x's own steps shifted by one."""
+    """Each step's previous step: `carried` [n, C, H, W] at t = 0, then x's own steps shifted by one, in
+    x's memory format (a cat with an empty tensor, t = 1, would give the contiguous one)."""
+    if t == 1:
+        return carried.contiguous(memory_format=_format_of(x))
     if n == 1:
         return torch.cat([carried, x[: t - 1]], 0)
     c, h, w = x.shape[1:]

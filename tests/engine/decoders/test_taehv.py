@@ -177,3 +177,23 @@ def test_large_activations_run_in_chunks_of_time_steps_with_the_same_frames(monk
     monkeypatch.setattr(taehv, "CHUNK_BYTES", 4096)  # every layer past the first few runs a step or two at a time
     assert _max_diff(model.decode_video(latents), whole) <= TOL
     assert _max_diff(model.encode_video(frames), encoded) <= TOL
+
+
+def test_one_step_chunks_stay_channels_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A chunk of one time step once made its TGrow output a strided view and its past a contiguous
+    # (NCHW) tensor, so the layers after ran NCHW: 1.3x slower at 480x832 (bench/RESULTS.md).
+    model = load_taehv(CASE / "taew2_1.pth")
+    latents = torch.randn(1, 4, 16, 2, 3, generator=torch.Generator().manual_seed(13))
+    whole = model.decode_video(latents)
+    seen: list[tuple[str, bool]] = []
+
+    def record(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        x = args[0]
+        seen.append((type(module).__name__, x.is_contiguous(memory_format=torch.channels_last)))
+
+    for module in model.decoder.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            module.register_forward_pre_hook(record)
+    monkeypatch.setattr(taehv, "CHUNK_BYTES", 1)  # past the first layer, one time step at a time
+    assert _max_diff(model.decode_video(latents), whole) <= TOL
+    assert seen and all(channels_last for _, channels_last in seen), seen
