@@ -111,7 +111,11 @@ class MemBlock(nn.Module):
     def forward(self, x: Tensor, past: Tensor) -> Tensor:
         # In place on fresh tensors only: x and past are carried as memory and must stay intact.
         conv = self.conv
-        y = F.relu_(conv[0](torch.cat([x, past], 1)))
+        # conv(cat[x, past]) as the sum of each half's conv: no 2C-channel copy of both inputs.
+        first = conv[0]
+        c = x.shape[1]
+        y = F.conv2d(x, first.weight[:, :c], first.bias, padding=1)
+        y = F.relu_(y.add_(F.conv2d(past, first.weight[:, c:], None, padding=1)))
         y = conv[4](F.relu_(conv[2](y)))
         return F.relu_(y.add_(self.skip(x)))
 
