@@ -189,6 +189,7 @@ class _Kind(Enum):
     GROW = "grow"  # TGrow: one step becomes `stride`
     POOL = "pool"  # TPool: `stride` steps become one
     UPCONV = "upconv"  # nearest x2 Upsample then a 3x3 conv, run as one 2x2 conv per output phase
+    UPCONV_OUT = "upconv-out"  # UPCONV, ReLU and a 3x3 conv, without interleaving the UPCONV's phases
     FRAME = "frame"  # anything else: frame by frame, no time
 
 
@@ -197,6 +198,18 @@ class _Step:
     kind: _Kind
     module: nn.Module
     slot: int = -1  # index of its memory in the state (MEMORY, POOL)
+    then: nn.Conv2d | None = None  # UPCONV_OUT: the 3x3 conv after the ReLU
+
+
+def _is_conv3(conv: nn.Conv2d) -> bool:
+    """A plain 3x3 conv that keeps the size: stride 1, padding 1, no groups, no dilation."""
+    return (
+        conv.kernel_size == (3, 3)
+        and conv.stride == (1, 1)
+        and conv.padding == (1, 1)
+        and conv.dilation == (1, 1)
+        and conv.groups == 1
+    )
 
 
 def _is_upconv(upsample: nn.Module, conv: nn.Module | None) -> bool:
@@ -205,10 +218,7 @@ def _is_upconv(upsample: nn.Module, conv: nn.Module | None) -> bool:
         and upsample.mode == "nearest"
         and upsample.scale_factor in (2, 2.0)
         and isinstance(conv, nn.Conv2d)
-        and conv.kernel_size == (3, 3)
-        and conv.stride == (1, 1)
-        and conv.padding == (1, 1)
-        and conv.groups == 1
+        and _is_conv3(conv)
     )
 
 
@@ -221,15 +231,23 @@ def _plan(layers: nn.Sequential) -> tuple[list[_Step], int]:
     while i < len(layers):
         m, nxt, after = modules[i], modules[i + 1], modules[i + 2]
         assert m is not None
+        upconv = None
         if isinstance(nxt, TGrow) and _is_upconv(m, after):
             # Upsample, TGrow, conv3x3: the 1x1 TGrow commutes with nearest upsampling, so it runs on
             # 4x fewer pixels, and the upsampled conv becomes 2x2 convs at low resolution (4/9 the work).
-            steps += [_Step(_Kind.GROW, nxt), _Step(_Kind.UPCONV, after)]  # type: ignore[arg-type]
-            i += 3
-            continue
-        if _is_upconv(m, nxt):
-            steps.append(_Step(_Kind.UPCONV, nxt))  # type: ignore[arg-type]
-            i += 2
+            steps.append(_Step(_Kind.GROW, nxt))  # type: ignore[arg-type]
+            upconv, i = after, i + 3
+        elif _is_upconv(m, nxt):
+            upconv, i = nxt, i + 2
+        if upconv is not None:
+            assert isinstance(upconv, nn.Conv2d)
+            relu, then = (layers[i], layers[i + 1]) if i + 1 < len(layers) else (None, None)
+            if isinstance(relu, nn.ReLU) and isinstance(then, nn.Conv2d) and _is_conv3(then):
+                # The decoder's last layers: the output conv reads the phases as they come (`_upconv_out`).
+                steps.append(_Step(_Kind.UPCONV_OUT, upconv, then=then))
+                i += 2
+            else:
+                steps.append(_Step(_Kind.UPCONV, upconv))
             continue
         if isinstance(m, (MemBlock, SuperMemBlock)):
             steps.append(_Step(_Kind.MEMORY, m, slots))
@@ -257,8 +275,22 @@ def _upconv(x: Tensor, conv: nn.Conv2d) -> Tensor:
     each of the 4 phases (a, b) is a 2x2 conv of x with the 3x3 taps summed where they fall on the
     same input pixel. One conv with the 4 phases' kernels stacked, then the phases interleaved.
     """
+    y = _upconv_phases(x, conv)
+    c_out = conv.weight.shape[0]
+    n, _, h, w_ = x.shape
+    fmt = torch.channels_last if y.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    out = torch.empty(n, c_out, 2 * h, 2 * w_, dtype=y.dtype, device=y.device, memory_format=fmt)
+    for a in (0, 1):
+        for b in (0, 1):
+            phase = (2 * a + b) * c_out
+            out[:, :, a::2, b::2] = y[:, phase : phase + c_out, a : a + h, b : b + w_]
+    return out
+
+
+def _upconv_phases(x: Tensor, conv: nn.Conv2d) -> Tensor:
+    """`_upconv`'s one conv: [N, C, H, W] -> [N, 4 * c_out, H + 1, W + 1], phase (a, b) in channels
+    (2a + b) c_out on, its pixel (i, j) at (i + a, j + b)."""
     w = conv.weight
-    c_out = w.shape[0]
     w32 = w.float()
     kernels = [
         torch.einsum("ry,oiyx,sx->oirs", _PHASE_TAPS[a].to(w.device), w32, _PHASE_TAPS[b].to(w.device))
@@ -269,15 +301,40 @@ def _upconv(x: Tensor, conv: nn.Conv2d) -> Tensor:
     if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
         kernel = kernel.contiguous(memory_format=torch.channels_last)
     bias = None if conv.bias is None else conv.bias.repeat(4)
-    y = F.conv2d(x, kernel, bias, padding=1)  # [NT, 4 * c_out, H + 1, W + 1]: a 2x2 kernel over x padded by 1
-    n, _, h, w_ = x.shape
-    fmt = torch.channels_last if y.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
-    out = torch.empty(n, c_out, 2 * h, 2 * w_, dtype=y.dtype, device=y.device, memory_format=fmt)
+    return F.conv2d(x, kernel, bias, padding=1)  # a 2x2 kernel over x padded by 1
+
+
+def _upconv_out(x: Tensor, upconv: nn.Conv2d, then: nn.Conv2d) -> Tensor:
+    """then(relu(upconv(upsample_nearest_x2(x)))) from `_upconv_phases`, never interleaving its phases.
+
+    An output pixel (2i + a + dy, 2j + b + dx) of `then`'s 3x3 window is phase ((a + dy) % 2, ...) of
+    the upsampled conv, which `_upconv_phases` holds at row i + (a + dy > 0) (and column likewise): so
+    every output phase of `then` is a 2x2 conv over all 4 phases at once, and a pixel shuffle puts the
+    phases in place. The 3x3 padding's zeros are the border rows and columns that hold no pixel of
+    their phase, set to zero. `then`'s output is small (RGB), its input, the interleaving, the largest.
+    """
+    y = F.relu_(_upconv_phases(x, upconv))
+    c = upconv.weight.shape[0]
+    phases = y.view(y.shape[0], 2, 2, c, *y.shape[2:])  # [N, a, b, C, H + 1, W + 1]
+    phases[:, 1, :, :, 0] = 0  # odd rows' row 0 is the image's row -1
+    phases[:, 0, :, :, -1] = 0  # even rows' last row is the image's row 2H
+    phases[:, :, 1, :, :, 0] = 0
+    phases[:, :, 0, :, :, -1] = 0
+    w = then.weight.float()  # [O, C, 3, 3]
+    o = w.shape[0]
+    kernel = torch.zeros(o, 2, 2, 2, 2, c, 2, 2, dtype=w.dtype, device=w.device)  # [O, a, b, a', b', C, ry, rx]
     for a in (0, 1):
-        for b in (0, 1):
-            phase = (2 * a + b) * c_out
-            out[:, :, a::2, b::2] = y[:, phase : phase + c_out, a : a + h, b : b + w_]
-    return out
+        for dy in (-1, 0, 1):
+            src_a, ry = (a + dy) % 2, int(a + dy > 0)
+            for b in (0, 1):
+                for dx in (-1, 0, 1):
+                    src_b, rx = (b + dx) % 2, int(b + dx > 0)
+                    kernel[:, a, b, src_a, src_b, :, ry, rx] += w[:, :, dy + 1, dx + 1]
+    kernel = kernel.reshape(4 * o, 4 * c, 2, 2).to(then.weight.dtype)
+    if y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous():
+        kernel = kernel.contiguous(memory_format=torch.channels_last)
+    bias = None if then.bias is None else then.bias.repeat_interleave(4)
+    return F.pixel_shuffle(F.conv2d(y, kernel, bias), 2)
 
 
 def _grow(x: Tensor, module: TGrow, n: int, t: int) -> Tensor:
@@ -328,6 +385,9 @@ def _run(steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None], fir
         elif step.kind is _Kind.UPCONV:
             assert isinstance(module, nn.Conv2d)
             x = _upconv(x, module)
+        elif step.kind is _Kind.UPCONV_OUT:
+            assert isinstance(module, nn.Conv2d) and step.then is not None
+            x = _upconv_out(x, module, step.then)
         elif step.kind is _Kind.POOL:
             assert isinstance(module, TPool)
             pending = memory[step.slot]
