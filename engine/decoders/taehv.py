@@ -113,6 +113,7 @@ class MemBlock(nn.Module):
         conv = self.conv
         # conv(cat[x, past]) as the sum of each half's conv: no 2C-channel copy of both inputs.
         first = conv[0]
+        assert isinstance(first, nn.Conv2d)
         c = x.shape[1]
         y = F.conv2d(x, first.weight[:, :c], first.bias, padding=1)
         y = F.relu_(y.add_(F.conv2d(past, first.weight[:, c:], None, padding=1)))
@@ -235,7 +236,7 @@ def _plan(layers: nn.Sequential) -> tuple[list[_Step], int]:
         if isinstance(nxt, TGrow) and _is_upconv(m, after):
             # Upsample, TGrow, conv3x3: the 1x1 TGrow commutes with nearest upsampling, so it runs on
             # 4x fewer pixels, and the upsampled conv becomes 2x2 convs at low resolution (4/9 the work).
-            steps.append(_Step(_Kind.GROW, nxt))  # type: ignore[arg-type]
+            steps.append(_Step(_Kind.GROW, nxt))
             upconv, i = after, i + 3
         elif _is_upconv(m, nxt):
             upconv, i = nxt, i + 2
