@@ -175,13 +175,15 @@ def breakdown(before: dict[str, float], after: dict[str, float], seconds: float)
     return out
 
 
-def start(workdir: Path, threads: int, model: Path | None, probe: int = 0, tree: Path | None = None) -> Mesh:
-    """One worker of `model` (None: toyworld); `probe`: its start-up capacity probe's sessions at most
-    (0: none, 64 streams claimed so that admission never queues a session of the bench); `tree`: the
-    source tree its services run from (default: this one)."""
+def start(
+    workdir: Path, threads: int, model: Path | None, probe: int = 0, tree: Path | None = None, workers: int = 1
+) -> Mesh:
+    """`workers` workers of `model` (None: toyworld); `probe`: their start-up capacity probe's sessions
+    at most (0: none, 64 streams claimed so that admission never queues a session of the bench); `tree`:
+    the source tree its services run from (default: this one)."""
     config = MeshConfig(
         workdir=workdir,
-        workers=1,
+        workers=workers,
         model=model,
         worker_threads=threads,
         lookahead=100_000,

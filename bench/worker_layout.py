@@ -37,12 +37,11 @@ import time
 from pathlib import Path
 
 import torch
-from served import FRAMES_PER_BLOCK, ROOT, in_engine_fps, scrape, served_fps
+from served import FRAMES_PER_BLOCK, in_engine_fps, scrape, served_fps, start
 
 from engine.families.wan.engine import WanEngine
 from engine.families.wan.loader import load_wan_model
 from inferix.client import Client
-from inferix_cli.mesh import Mesh, MeshConfig, start_mesh
 
 
 def layout(text: str) -> tuple[int, int]:
@@ -57,26 +56,9 @@ def layout(text: str) -> tuple[int, int]:
     return parsed
 
 
-def start(workdir: Path, workers: int, threads: int, probe: int = 0) -> Mesh:
-    """A mesh of `workers` toyworld workers of `threads` torch threads; `probe`: their start-up capacity
-    probe's sessions at most (0: none, 64 streams claimed each, so that admission never queues)."""
-    return start_mesh(
-        MeshConfig(
-            workdir=workdir,
-            workers=workers,
-            worker_threads=threads,
-            lookahead=100_000,
-            realtime_streams=0 if probe else 64,
-            capacity_probe=probe,
-            rtmp="off",
-            env={"PYTHONPATH": str(ROOT)},
-        )
-    )
-
-
 def claimed_streams(workdir: Path, workers: int, threads: int) -> float:
     """The real-time streams a fresh mesh's workers claim together after their start-up probes."""
-    mesh = start(workdir, workers, threads, probe=8)
+    mesh = start(workdir, threads, None, probe=8, workers=workers)
     try:
         total = 0.0
         for worker in mesh.workers:
@@ -157,7 +139,7 @@ def main() -> None:
         in_engine_fps(engine, 1, 2)  # warm-up
         size = (engine.model.width, engine.model.height)
         os.chdir(tmp)  # the services' `python -m` puts their working folder first on their path
-        meshes = {lay: start(Path(tmp) / f"{lay[0]}x{lay[1]}", *lay) for lay in layouts}
+        meshes = {lay: start(Path(tmp) / f"{lay[0]}x{lay[1]}", lay[1], None, workers=lay[0]) for lay in layouts}
         best: dict[str, float] = {}
 
         def keep(name: str, fps: float) -> None:
