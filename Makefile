@@ -50,7 +50,7 @@ bench:
 	$(PYTHON) bench/play_latency.py
 	$(PYTHON) bench/play_latency.py --model toyworld-play
 	$(PYTHON) bench/play_latency.py --model toyworld-play-1f
-	$(PYTHON) bench/play_response.py --model toyworld-play-1f
+	$(PYTHON) bench/play_response.py --model toyworld-play-1f --trials 40
 	$(PYTHON) bench/toyworld.py
 	$(PYTHON) bench/batching.py --realtime
 	$(PYTHON) bench/magi.py

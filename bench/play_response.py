@@ -5,7 +5,9 @@ In-engine, no mesh: each trial holds no key for 12 frames (the object comes to r
 and reads the object's centroid (`toyworld_lab.measure`) in each of the first `--frames` frames under the
 key: its displacement the pressed way from the last frame before it. The simulator's row is a resting
 object under the same key (`toyworld_lab.play.pushed_from_rest`). `bench/play_latency.py` counts a press's photon
-at the first frame 3 px along (MOTION_PX); the frame at which each row passes it is printed.
+at the first frame 3 px along (MOTION_PX); the frame at which each row passes it is printed, and per key
+how many trials pass it by the simulator's frame and how many not within `--frames` (use `--trials 40`
+or more: 4 trials a key once made the one-frame model look late downward, which 20 did not confirm).
 
 `--steps` runs the model with other denoising steps (a model folder in a temporary directory with the
 shipped weights and the steps overridden), to see whether the answer depends on the sampler.
@@ -113,6 +115,18 @@ def main() -> None:
             values = [m for t in trials if (m := t[i]) is not None]
             medians.append(statistics.median(values) if values else None)
         print(row(f"model median, {key}", medians))
+    # How many trials pass MOTION_PX by the simulator's frame, and how many never within --frames:
+    # a median hides the presses a player waits longest for.
+    simulated = photon_frame(pushed_from_rest("right", args.frames))
+    due = int(simulated) if simulated != "-" else args.frames
+    for key, trials in by_key.items():
+        frames = [photon_frame(t) for t in trials]
+        on_time = sum(1 for f in frames if f != "-" and int(f) <= due)
+        never = frames.count("-")
+        print(
+            f"model, {key}: {MOTION_PX:g} px by frame {due} (the simulator's) in {on_time} of {len(trials)} trials, "
+            f"not within {args.frames} frames in {never}"
+        )
 
 
 if __name__ == "__main__":
