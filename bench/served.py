@@ -195,12 +195,16 @@ def start(
     return start_mesh(config)
 
 
-def probed_streams(workdir: Path, threads: int, model: Path | None) -> float:
-    """The real-time streams a fresh worker's capacity probe claims (up to 8 sessions)."""
-    mesh = start(workdir, threads, model, probe=8)
+def probed_streams(workdir: Path, threads: int, model: Path | None, workers: int = 1) -> float:
+    """The real-time streams a fresh mesh's workers claim together after their start-up probes (up to 8
+    sessions each)."""
+    mesh = start(workdir, threads, model, probe=8, workers=workers)
     try:
-        values = scrape(mesh.workers[0].metrics_port or 0)
-        return max(v for k, v in values.items() if k.startswith("inferix_worker_realtime_streams{"))
+        total = 0.0
+        for worker in mesh.workers:
+            values = scrape(worker.metrics_port or 0)
+            total += max(v for k, v in values.items() if k.startswith("inferix_worker_realtime_streams{"))
+        return total
     finally:
         mesh.stop()
 

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import torch
-from served import FRAMES_PER_BLOCK, in_engine_fps, scrape, served_fps, start
+from served import FRAMES_PER_BLOCK, in_engine_fps, probed_streams, served_fps, start
 
 from engine.families.wan.engine import WanEngine
 from engine.families.wan.loader import load_wan_model
@@ -56,17 +56,8 @@ def layout(text: str) -> tuple[int, int]:
     return parsed
 
 
-def claimed_streams(workdir: Path, workers: int, threads: int) -> float:
-    """The real-time streams a fresh mesh's workers claim together after their start-up probes."""
-    mesh = start(workdir, threads, None, probe=8, workers=workers)
-    try:
-        total = 0.0
-        for worker in mesh.workers:
-            values = scrape(worker.metrics_port or 0)
-            total += max(v for k, v in values.items() if k.startswith("inferix_worker_realtime_streams{"))
-        return total
-    finally:
-        mesh.stop()
+def name(layout: tuple[int, int]) -> str:
+    return f"{layout[0]}x{layout[1]}"
 
 
 def side_by_side_fps(processes: int, sessions: int, blocks: int, go: Path) -> float:
@@ -107,7 +98,7 @@ def child(sessions: int, blocks: int, go: Path) -> None:
             raise SystemExit("no go from the bench in 600 s")
         time.sleep(0.001)
     start = time.time()
-    fps, _ = in_engine_fps(engine, sessions, blocks)
+    in_engine_fps(engine, sessions, blocks)
     end = time.time()
     print(json.dumps({"start": start, "end": end, "frames": sessions * blocks * FRAMES_PER_BLOCK}), flush=True)
 
@@ -139,7 +130,7 @@ def main() -> None:
         in_engine_fps(engine, 1, 2)  # warm-up
         size = (engine.model.width, engine.model.height)
         os.chdir(tmp)  # the services' `python -m` puts their working folder first on their path
-        meshes = {lay: start(Path(tmp) / f"{lay[0]}x{lay[1]}", lay[1], None, workers=lay[0]) for lay in layouts}
+        meshes = {lay: start(Path(tmp) / name(lay), lay[1], None, workers=lay[0]) for lay in layouts}
         best: dict[str, float] = {}
 
         def keep(name: str, fps: float) -> None:
@@ -154,13 +145,13 @@ def main() -> None:
                 keep("one process", in_engine_fps(engine, args.sessions, args.blocks)[0])
                 keep("side by side", side_by_side_fps(c, args.sessions, args.blocks, Path(tmp) / f"go{r}"))
                 for lay, client in clients.items():
-                    keep(f"{lay[0]}x{lay[1]}", served_fps(client, args.sessions, args.blocks, size))
+                    keep(name(lay), served_fps(client, args.sessions, args.blocks, size))
             for client in clients.values():
                 client.close()
         finally:
             for mesh in meshes.values():
                 mesh.stop()
-        claims = {lay: claimed_streams(Path(tmp) / f"probe{lay[0]}x{lay[1]}", *lay) for lay in layouts}
+        claims = {lay: probed_streams(Path(tmp) / f"probe{name(lay)}", lay[1], None, lay[0]) for lay in layouts}
     n, reference, fps = args.sessions, best["one process"], float(engine.model.fps)
     print(f"\ntoyworld, N = {n} sessions of {args.blocks} blocks, C = {c} cores, best of {args.repeats} run(s)")
     print(f"in-engine, one process of {c} threads:          {reference:7.1f} frames/s  1.00x")
@@ -171,11 +162,8 @@ def main() -> None:
         f"   ({fps:.0f} frames/s per session is real time)"
     )
     for lay in layouts:
-        served = best[f"{lay[0]}x{lay[1]}"]
-        print(
-            f"{f'{lay[0]}x{lay[1]}':>8} {served:>9.1f} {served / reference:>11.2f}x {served / n:>12.1f} "
-            f"{claims[lay]:>12.0f}"
-        )
+        served = best[name(lay)]
+        print(f"{name(lay):>8} {served:>9.1f} {served / reference:>11.2f}x {served / n:>12.1f} {claims[lay]:>12.0f}")
 
 
 if __name__ == "__main__":
