@@ -365,6 +365,7 @@ async def _serve(
     # Frame ingest and the scheduler link are internal; recordings and stream info are read by clients.
     internal = (
         "/inferix.v1.StreamerService/PushFrames",
+        "/inferix.v1.StreamerService/PushBlock",
         "/inferix.v1.StreamerService/FinishStream",
         "/inferix.v1.StreamerService/Link",
     )

@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import grpc
 
@@ -95,6 +95,25 @@ async def _read_out(requests: AsyncIterator[streamer_pb2.PushFramesRequest]) -> 
                 read += 1
                 if read >= REFUSED_READ_OUT_MESSAGES:
                     return
+
+
+_Answer = TypeVar("_Answer", streamer_pb2.PushFramesResponse, streamer_pb2.PushBlockResponse)
+
+
+@dataclass
+class _Tally:
+    """What one push call did with its frames so far."""
+
+    accepted: int = 0
+    duplicates: int = 0
+    durable: int = 0
+
+    def before_refusal(self) -> str:
+        return f" [this call accepted {self.accepted} and skipped {self.duplicates} frames before it; they are kept]"
+
+    def answer(self, response: type[_Answer]) -> _Answer:
+        """The call's response (PushFramesResponse or PushBlockResponse: the same fields)."""
+        return response(accepted=self.accepted, duplicates=self.duplicates, durable_frames=self.durable)
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: StreamerError, suffix: str = "") -> NoReturn:
@@ -185,30 +204,46 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
     async def PushFrames(
         self, request_iterator: AsyncIterator[streamer_pb2.PushFramesRequest], context: grpc.aio.ServicerContext
     ) -> streamer_pb2.PushFramesResponse:
-        accepted = duplicates = durable = 0
+        tally = _Tally()
         async for request in request_iterator:
-            frame = request.frame
             try:
-                self._refuse_while_draining()
-                session = self._session_for(frame)
-                if isinstance(session, FinishedRecording):
-                    admission = session.admit(frame)
-                    durable = session.manifest.frames
-                else:
-                    admission = await session.push(frame)
-                    durable = session.durable_frames
+                await self._admit(request.frame, tally)
             except StreamerError as error:
-                FRAMES_REJECTED.labels(_reason(error)).inc()
-                suffix = f" [this call accepted {accepted} and skipped {duplicates} frames before it; they are kept]"
                 await _read_out(request_iterator)
-                await _abort(context, error, suffix)
-            if admission is Admission.NEW:
-                accepted += 1
-                FRAMES_RECEIVED.inc()
+                await _abort(context, error, tally.before_refusal())
+        return tally.answer(streamer_pb2.PushFramesResponse)
+
+    async def PushBlock(
+        self, request: streamer_pb2.PushBlockRequest, context: grpc.aio.ServicerContext
+    ) -> streamer_pb2.PushBlockResponse:
+        tally = _Tally()
+        for frame in request.frames:
+            try:
+                await self._admit(frame, tally)
+            except StreamerError as error:
+                await _abort(context, error, tally.before_refusal())
+        return tally.answer(streamer_pb2.PushBlockResponse)
+
+    async def _admit(self, frame: streamer_pb2.VideoFrame, tally: _Tally) -> None:
+        """One pushed frame into its session (or the finished recording it repeats), counted in `tally`."""
+        try:
+            self._refuse_while_draining()
+            session = self._session_for(frame)
+            if isinstance(session, FinishedRecording):
+                admission = session.admit(frame)
+                tally.durable = session.manifest.frames
             else:
-                duplicates += 1
-                FRAMES_DUPLICATE.inc()
-        return streamer_pb2.PushFramesResponse(accepted=accepted, duplicates=duplicates, durable_frames=durable)
+                admission = await session.push(frame)
+                tally.durable = session.durable_frames
+        except StreamerError as error:
+            FRAMES_REJECTED.labels(_reason(error)).inc()
+            raise
+        if admission is Admission.NEW:
+            tally.accepted += 1
+            FRAMES_RECEIVED.inc()
+        else:
+            tally.duplicates += 1
+            FRAMES_DUPLICATE.inc()
 
     def _refuse_while_draining(self) -> None:
         if self.draining:  # a session finalized by the drain must not look finished to its worker

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from engine.batching import BatchJob
 from engine.contract import Session, VideoBlock
-from inferix.api.v1 import common_pb2, streamer_pb2_grpc, worker_pb2
+from inferix.api.v1 import common_pb2, worker_pb2
 from inferix.profiling import Profiler
 from inferix.profiling.profiler import BlockScope
 from inferix.spec.actions import parse_held_action
@@ -39,7 +39,7 @@ from workers.batch_pump import BatchPump
 from workers.capacity import RecentSpeed
 from workers.engine_host import EngineHost
 from workers.kvcache_link import KVCacheLink
-from workers.publish import FramePublisher
+from workers.publish import FramePublisher, StreamerLink
 
 log = logging.getLogger("inferix.worker")
 # Blocks of one session computed and not yet answered, at most: one publishing while the next is done.
@@ -89,7 +89,7 @@ class WorkerSession:
 
     session_id: str
     video: Session
-    streamer: streamer_pb2_grpc.StreamerServiceStub
+    streamer: StreamerLink
     fps: int
     last_block_unix: float = field(default_factory=time.time)
     # The latest blocks made or restored here (timings only for those made here): a scheduler that

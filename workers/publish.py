@@ -1,8 +1,13 @@
 """Frames to the streamer: each block's frames straight to the session's streamer (never through the
 scheduler), and what a restarted streamer is missing.
 
+A block goes in one `PushBlock` call: a client-streaming `PushFrames` call with a message per frame
+spent twice as long per block, most of it Python on the worker's event loop, which its engine thread
+waits for (the GIL; bench/RESULTS.md, issue 38). A streamer of an earlier release (a rolling
+upgrade) answers UNIMPLEMENTED; it then gets its frames through `PushFrames`.
+
 A streamer keeps a recording in progress durable up to its last closed segment
-(`streamer.segments`); `PushFramesResponse.durable_frames` says how far. The publisher keeps the
+(`streamer.segments`); a push's answer (`durable_frames`) says how far. The publisher keeps the
 frames it pushed past that point in memory (`SentFrames`), so a restarted streamer gets just those
 again, at once. Only when they are not there (this worker took the session over, or a streamer did
 not say) are they decoded again from the session's committed latents: from its anchor, the newest
@@ -28,7 +33,7 @@ from engine.contract import Session, VideoBlock
 from engine.snapshot import SessionSnapshot, SnapshotMismatch
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
 from inferix.errors import UserError
-from inferix.server import channel
+from inferix.server import MAX_MESSAGE_BYTES, channel
 from workers import metrics
 from workers.engine_host import EngineHost
 from workers.kvcache_link import INTERNAL_DEADLINE_S, KVCacheLink
@@ -39,6 +44,9 @@ log = logging.getLogger("inferix.worker")
 # Frames kept per session for a restarted streamer: a few seconds of video normally (the streamer's
 # segment in progress); the cap bounds a streamer that never reports durable frames.
 SENT_FRAMES_MAX_BYTES = 256 * 2**20
+Pushed = streamer_pb2.PushBlockResponse | streamer_pb2.PushFramesResponse  # the same fields
+# The frames of one PushBlock call: well within a gRPC message (a 1080p block of 12 frames takes 3 calls).
+PUSH_BLOCK_MAX_BYTES = MAX_MESSAGE_BYTES // 2
 
 
 @dataclass
@@ -81,18 +89,27 @@ class SentFrames:
         self.bytes -= self.blocks.popleft()[2].nbytes
 
 
+@dataclass
+class StreamerLink:
+    """A streamer's stub, and how it takes frames."""
+
+    address: str
+    stub: streamer_pb2_grpc.StreamerServiceStub
+    frame_by_frame: bool = False  # a streamer of a release before PushBlock: PushFrames, one message per frame
+
+
 class FramePublisher:
     """One stub per streamer address; pushes blocks, gives a restarted streamer what it is missing."""
 
     def __init__(self, host: EngineHost, kvcache: KVCacheLink) -> None:
         self.host = host
         self.kvcache = kvcache
-        self._streamers: dict[str, streamer_pb2_grpc.StreamerServiceStub] = {}
+        self._streamers: dict[str, StreamerLink] = {}
         self._sent: dict[str, SentFrames] = {}
 
-    def streamer(self, address: str) -> streamer_pb2_grpc.StreamerServiceStub:
+    def streamer(self, address: str) -> StreamerLink:
         if address not in self._streamers:
-            self._streamers[address] = streamer_pb2_grpc.StreamerServiceStub(channel(address))
+            self._streamers[address] = StreamerLink(address, streamer_pb2_grpc.StreamerServiceStub(channel(address)))
         return self._streamers[address]
 
     def forget(self, session_id: str) -> None:
@@ -111,7 +128,7 @@ class FramePublisher:
 
     async def publish(
         self,
-        streamer: streamer_pb2_grpc.StreamerServiceStub,
+        streamer: StreamerLink,
         session_id: str,
         video: Session,
         fps: int,
@@ -120,7 +137,7 @@ class FramePublisher:
         """Send the block's frames to the streamer (re-sent frames are skipped there). A streamer that
         restarted and lacks earlier frames (OUT_OF_RANGE) first gets those."""
 
-        async def attempt() -> streamer_pb2.PushFramesResponse:
+        async def attempt() -> Pushed:
             try:
                 return await self._push(
                     streamer, session_id, fps, block.index, block.first_frame, block.frames, backfill=False
@@ -139,9 +156,7 @@ class FramePublisher:
         sent.trim(response.durable_frames)
         self._report()
 
-    async def finish(
-        self, streamer: streamer_pb2_grpc.StreamerServiceStub, session_id: str, video: Session, fps: int
-    ) -> None:
+    async def finish(self, streamer: StreamerLink, session_id: str, video: Session, fps: int) -> None:
         """The session's video is complete: its outputs are finalized (its MP4 is written). A streamer
         that is restarting is waited for; one that restarted and lacks frames at the end (OUT_OF_RANGE),
         or the whole session (NOT_FOUND), first gets them, so the recording is not lost."""
@@ -152,53 +167,77 @@ class FramePublisher:
             nonlocal frames
             request = streamer_pb2.FinishStreamRequest(session_id=session_id, frames=frames)
             try:
-                await streamer.FinishStream(request, timeout=INTERNAL_DEADLINE_S)
+                await streamer.stub.FinishStream(request, timeout=INTERNAL_DEADLINE_S)
             except grpc.aio.AioRpcError as exc:
                 missing = exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE)
                 if not missing or video.next_block_index == 0:
                     raise
                 frames = await self._catch_up(streamer, session_id, video, fps, before_block=video.next_block_index)
                 request = streamer_pb2.FinishStreamRequest(session_id=session_id, frames=frames)
-                await streamer.FinishStream(request, timeout=INTERNAL_DEADLINE_S)
+                await streamer.stub.FinishStream(request, timeout=INTERNAL_DEADLINE_S)
 
         await while_away(f"recording of {session_id}: streamer", attempt)
 
     async def _push(
         self,
-        streamer: streamer_pb2_grpc.StreamerServiceStub,
+        streamer: StreamerLink,
         session_id: str,
         fps: int,
         block_index: int,
         first_frame: int,
         rgb: np.ndarray,
         backfill: bool,
-    ) -> streamer_pb2.PushFramesResponse:
+    ) -> Pushed:
         height, width = rgb.shape[1:3]
-
-        def frames() -> Any:
-            for i, image in enumerate(rgb):
-                yield streamer_pb2.PushFramesRequest(
-                    frame=streamer_pb2.VideoFrame(
-                        session_id=session_id,
-                        block_index=block_index,
-                        frame_index=first_frame + i,
-                        width=width,
-                        height=height,
-                        format=streamer_pb2.PIXEL_FORMAT_RGB24,
-                        data=image.tobytes(),
-                        fps=fps,
-                        backfill=backfill,
-                    )
-                )
-
-        response: streamer_pb2.PushFramesResponse = await streamer.PushFrames(frames(), timeout=INTERNAL_DEADLINE_S)
+        frames = [
+            streamer_pb2.VideoFrame(
+                session_id=session_id,
+                block_index=block_index,
+                frame_index=first_frame + i,
+                width=width,
+                height=height,
+                format=streamer_pb2.PIXEL_FORMAT_RGB24,
+                data=image.tobytes(),
+                fps=fps,
+                backfill=backfill,
+            )
+            for i, image in enumerate(rgb)
+        ]
+        if not streamer.frame_by_frame:
+            try:
+                return await self._push_block(streamer, frames)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                # A streamer of a release before PushBlock (during a rolling upgrade): frame by frame.
+                log.info("the streamer at %s has no PushBlock: pushing its frames one message each", streamer.address)
+                streamer.frame_by_frame = True
+        requests = (streamer_pb2.PushFramesRequest(frame=frame) for frame in frames)
+        response: streamer_pb2.PushFramesResponse = await streamer.stub.PushFrames(
+            requests, timeout=INTERNAL_DEADLINE_S
+        )
         return response
 
-    async def _held(self, streamer: streamer_pb2_grpc.StreamerServiceStub, session_id: str) -> int:
+    @staticmethod
+    async def _push_block(
+        streamer: StreamerLink, frames: list[streamer_pb2.VideoFrame]
+    ) -> streamer_pb2.PushBlockResponse:
+        """The frames in as few PushBlock calls as the message size allows (one, but for large frames)."""
+        per_call = max(1, PUSH_BLOCK_MAX_BYTES // max(len(frames[0].data), 1)) if frames else 1
+        total = streamer_pb2.PushBlockResponse()
+        for start in range(0, len(frames), per_call):
+            request = streamer_pb2.PushBlockRequest(frames=frames[start : start + per_call])
+            part = await streamer.stub.PushBlock(request, timeout=INTERNAL_DEADLINE_S)
+            total.accepted += part.accepted
+            total.duplicates += part.duplicates
+            total.durable_frames = part.durable_frames
+        return total
+
+    async def _held(self, streamer: StreamerLink, session_id: str) -> int:
         """How many frames of the session the streamer holds (0 when it does not know the session)."""
         request = streamer_pb2.GetStreamInfoRequest(session_id=session_id)
         try:
-            info = await streamer.GetStreamInfo(request, timeout=INTERNAL_DEADLINE_S)
+            info = await streamer.stub.GetStreamInfo(request, timeout=INTERNAL_DEADLINE_S)
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.NOT_FOUND:
                 raise
@@ -207,7 +246,7 @@ class FramePublisher:
 
     async def _catch_up(
         self,
-        streamer: streamer_pb2_grpc.StreamerServiceStub,
+        streamer: StreamerLink,
         session_id: str,
         video: Session,
         fps: int,
@@ -234,7 +273,7 @@ class FramePublisher:
 
     async def _backfill(
         self,
-        streamer: streamer_pb2_grpc.StreamerServiceStub,
+        streamer: StreamerLink,
         session_id: str,
         video: Session,
         fps: int,

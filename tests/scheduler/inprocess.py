@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 import scheduler.grpc_clients
 import workers.kvcache_link
 import workers.publish
@@ -83,6 +85,18 @@ class LogLines(logging.Handler):
         self.lines.append(f"{record.name}: {record.getMessage()}")
 
 
+class _Without(grpc.GenericRpcHandler):
+    """A server's handlers less some methods (they answer UNIMPLEMENTED)."""
+
+    def __init__(self, server: Server, methods: set[str]) -> None:
+        self.server = server
+        self.methods = methods
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = handler_call_details.method
+        return None if method in self.methods else self.server.handler(method)
+
+
 class InProcessMesh:
     """kvcache_svc, a streamer, workers and a scheduler in this event loop, on one simulated network."""
 
@@ -108,11 +122,18 @@ class InProcessMesh:
     def _serve_streamer(self, server: Server) -> None:
         streamer_pb2_grpc.add_StreamerServiceServicer_to_server(self.streamer, server)
 
-    def restart_streamer(self) -> None:
-        """SIGKILL the streamer and start a new one on the same recordings folder."""
+    def restart_streamer(self, left_out: tuple[str, ...] = ()) -> None:
+        """SIGKILL the streamer and start a new one on the same recordings folder; `left_out`: methods
+        the new one does not serve (e.g. "PushBlock", as a streamer of an older release)."""
         self.network.kill(STREAMER)
         self.streamer = self._new_streamer()
-        self.network.restart(STREAMER, self._serve_streamer)
+        if not left_out:
+            self.network.restart(STREAMER, self._serve_streamer)
+            return
+        full = Server()
+        self._serve_streamer(full)
+        missing = {f"/inferix.v1.StreamerService/{method}" for method in left_out}
+        self.network.restart(STREAMER, lambda server: server.add_generic_rpc_handlers((_Without(full, missing),)))
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:

@@ -166,6 +166,38 @@ def test_bad_frames_are_rejected_and_the_session_stays_intact(
         assert delta(before, after, f"inferix_streamer_frames_rejected_total{{reason={field}}}") == expected, field
 
 
+def test_a_block_pushed_in_one_call_is_admitted_frame_by_frame(
+    stub: Stub, streamer: ServiceProcess, tmp_path: Path
+) -> None:
+    """PushBlock, as workers push: a block's frames in one message, admitted as PushFrames admits them:
+    frames sent before are skipped, and those before a refused frame are kept."""
+    video = Video("block-call", 96, 64, 16.0, (4, 4, 4))
+
+    def push_block(indices: Iterable[int]) -> streamer_pb2.PushFramesResponse:
+        request = streamer_pb2.PushBlockRequest(frames=[video.frame(i) for i in indices])
+        return stub.PushBlock(request, timeout=30)
+
+    before = scrape(streamer)
+    first = push_block(video.block_range(0))
+    assert (first.accepted, first.duplicates) == (4, 0)
+    again = push_block(range(2, 8))  # two frames re-sent, then four new ones
+    assert (again.accepted, again.duplicates) == (4, 2)
+    with pytest.raises(grpc.RpcError) as caught:
+        push_block([8, 9, 11])
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = caught.value.details() or ""
+    assert "frame.frame_index must be 10" in details and "accepted 2" in details, details
+    assert frames_of(stub, "block-call") == 10
+    assert push_block([10, 11]).accepted == 2
+    finish = streamer_pb2.FinishStreamRequest(session_id="block-call", frames=12)
+    assert stub.FinishStream(finish, timeout=30).frames == 12
+    check_recording(download(stub, "block-call", tmp_path / "block-call.mp4"), video)
+    after = scrape(streamer)
+    assert delta(before, after, "inferix_streamer_frames_received_total") == 12
+    assert delta(before, after, "inferix_streamer_frames_duplicate_total") == 2
+    assert delta(before, after, "inferix_streamer_frames_rejected_total{reason=frame_index}") == 1
+
+
 def test_a_bad_first_frame_opens_no_session(stub: Stub) -> None:
     cases = {
         "width": (Video("odd", 95, 64, 16.0, (1,)).frame(0), "positive even number"),

@@ -3,7 +3,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -51,6 +51,22 @@ class PushFramesRequest(_message.Message):
     FRAME_FIELD_NUMBER: _ClassVar[int]
     frame: VideoFrame
     def __init__(self, frame: _Optional[_Union[VideoFrame, _Mapping]] = ...) -> None: ...
+
+class PushBlockRequest(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedCompositeFieldContainer[VideoFrame]
+    def __init__(self, frames: _Optional[_Iterable[_Union[VideoFrame, _Mapping]]] = ...) -> None: ...
+
+class PushBlockResponse(_message.Message):
+    __slots__ = ("accepted", "duplicates", "durable_frames")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    duplicates: int
+    durable_frames: int
+    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., durable_frames: _Optional[int] = ...) -> None: ...
 
 class PushFramesResponse(_message.Message):
     __slots__ = ("accepted", "duplicates", "durable_frames")

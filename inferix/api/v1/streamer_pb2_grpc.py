@@ -40,6 +40,11 @@ class StreamerServiceStub:
                 request_serializer=inferix_dot_v1_dot_streamer__pb2.PushFramesRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_streamer__pb2.PushFramesResponse.FromString,
                 _registered_method=True)
+        self.PushBlock = channel.unary_unary(
+                '/inferix.v1.StreamerService/PushBlock',
+                request_serializer=inferix_dot_v1_dot_streamer__pb2.PushBlockRequest.SerializeToString,
+                response_deserializer=inferix_dot_v1_dot_streamer__pb2.PushBlockResponse.FromString,
+                _registered_method=True)
         self.FinishStream = channel.unary_unary(
                 '/inferix.v1.StreamerService/FinishStream',
                 request_serializer=inferix_dot_v1_dot_streamer__pb2.FinishStreamRequest.SerializeToString,
@@ -67,7 +72,16 @@ class StreamerServiceServicer:
     """
 
     def PushFrames(self, request_iterator, context):
-        """Workers push decoded frames; ordered per session and idempotent on re-send.
+        """Decoded frames, one message each; ordered per session and idempotent on re-send. Kept for
+        producers that stream frame by frame, and for workers of releases before PushBlock.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushBlock(self, request, context):
+        """A block's decoded frames in one call, as workers push them: the same admission as PushFrames,
+        frame by frame in order, without a streaming call's per-message cost.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -110,6 +124,11 @@ def add_StreamerServiceServicer_to_server(servicer, server):
                     servicer.PushFrames,
                     request_deserializer=inferix_dot_v1_dot_streamer__pb2.PushFramesRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_streamer__pb2.PushFramesResponse.SerializeToString,
+            ),
+            'PushBlock': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushBlock,
+                    request_deserializer=inferix_dot_v1_dot_streamer__pb2.PushBlockRequest.FromString,
+                    response_serializer=inferix_dot_v1_dot_streamer__pb2.PushBlockResponse.SerializeToString,
             ),
             'FinishStream': grpc.unary_unary_rpc_method_handler(
                     servicer.FinishStream,
@@ -160,6 +179,33 @@ class StreamerService:
             '/inferix.v1.StreamerService/PushFrames',
             inferix_dot_v1_dot_streamer__pb2.PushFramesRequest.SerializeToString,
             inferix_dot_v1_dot_streamer__pb2.PushFramesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushBlock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inferix.v1.StreamerService/PushBlock',
+            inferix_dot_v1_dot_streamer__pb2.PushBlockRequest.SerializeToString,
+            inferix_dot_v1_dot_streamer__pb2.PushBlockResponse.FromString,
             options,
             channel_credentials,
             insecure,
