@@ -49,7 +49,7 @@ from grpc_reflection.v1alpha import reflection
 from inferix import mesh_tls
 from inferix.mesh_channel import RotatingChannel
 from inferix.mesh_tls import CertificateFiles, MeshTls, add_mesh_tls_arguments, mesh_tls_from_args
-from inferix.telemetry import server_interceptor, setup_tracing, shutdown_tracing
+from inferix.telemetry import exporting, server_interceptor, setup_tracing, shutdown_tracing
 
 PARENT_PID_ENV = "INFERIX_PARENT_PID"
 PARENT_POLL_S = 1.0  # how often a service started by a local mesh checks that its launcher lives
@@ -300,7 +300,7 @@ async def run_server(
     token = internal_token()
     guard = [InternalTokenInterceptor(token, internal_methods)] if token and internal_methods else []
     server = grpc.aio.server(
-        interceptors=[server_interceptor(), *guard, *(interceptors or [])],
+        interceptors=[*([server_interceptor()] if exporting() else []), *guard, *(interceptors or [])],
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -439,12 +439,14 @@ def _health_server(
 
 
 def channel(address: str) -> grpc.aio.Channel:
-    """An aio channel to another service, with trace propagation, the internal token, large messages allowed,
-    and mutual TLS when this process has mesh TLS (inferix.mesh_tls.use)."""
+    """An aio channel to another service, with trace propagation when this process exports spans, the
+    internal token, large messages allowed, and mutual TLS when this process has mesh TLS
+    (inferix.mesh_tls.use)."""
     from inferix.telemetry import client_interceptors
 
     token = internal_token()
-    interceptors = [*client_interceptors(), *(token_interceptors(token) if token else [])]
+    traced = client_interceptors() if exporting() else []
+    interceptors = [*traced, *(token_interceptors(token) if token else [])]
     options = [
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -3,7 +3,10 @@
 Tracing is configured from the standard `OTEL_*` environment variables: a service exports spans
 over OTLP/gRPC when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set, and keeps a
 no-op tracer otherwise. gRPC interceptors propagate the trace context (W3C traceparent in the
-metadata) on every hop, so one trace shows a session end to end.
+metadata) on every hop, so one trace shows a session end to end. A service that does not export
+spans installs no interceptors: on a small CPU they were a tenth of a worker's event-loop time,
+which its engine thread waits for (bench/RESULTS.md, issue 38). Configure tracing on every service
+or on none; a service without it does not pass a trace on.
 """
 
 from __future__ import annotations
@@ -26,14 +29,19 @@ WORKER_ID_ATTR = "inferix.worker_id"
 _configured = False
 
 
+def exporting() -> bool:
+    """Whether this process exports spans (the `OTEL_*` environment asks for it)."""
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return bool(endpoint) and os.environ.get("OTEL_SDK_DISABLED", "").lower() != "true"
+
+
 def setup_tracing(service_name: str) -> None:
     """Install a tracer provider named after the service (once per process)."""
     global _configured
     if _configured:
         return
     _configured = True
-    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if not endpoint or os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+    if not exporting():
         return
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
