@@ -5,11 +5,15 @@ L(N) is the block latency when N sessions run together; they all play in real ti
 L(N) <= the block's budget (its frames / fps). The meter keeps a moving average of L per batch
 size N (the mean number of sessions in the forwards a block took part in), fits L(N) = a + b*N
 through the sizes it has seen (a startup probe and every block served), and reports the largest N
-inside the budget, but never more than one session past the largest size measured
+whose latency stays within `HEADROOM` of the budget, but never more than one session past the largest
+size measured
 (`measured_up_to`): the line beyond it is an extrapolation from blocks that may not carry what served
 blocks do (a probe block is not published nor committed), and a worker that claimed 24 streams from 8
 probe sessions served 8 (bench/RESULTS.md, issue 38). One past lets the claim grow as the worker serves
-more sessions at once, a session at a time. With a single size measured it assumes no further
+more sessions at once, a session at a time. The headroom is there because a probe block is faster
+than a served one (the served path's publishing, commits and RPCs share the worker's CPU: served
+blocks took 1.1-1.2x a probe's at 8 sessions, bench/RESULTS.md, issue 38), and because a stream
+whose blocks take its whole budget has no slack for one slow block. With a single size measured it assumes no further
 batching gain (L grows in proportion to N), which errs on the safe side. An operator may pin the
 streams instead (`pinned_streams`, e.g. to leave headroom); latencies are still measured and
 reported.
@@ -24,6 +28,7 @@ from inferix.spec.capacity import Resolution, StreamCapacity
 
 MAX_STREAMS = 256  # no worker claims more streams of one resolution than this
 EMA_WEIGHT = 0.3  # weight of a new latency sample in the moving average of its batch size
+HEADROOM = 0.9  # a claimed stream's blocks take at most this share of their real-time budget
 
 
 class CapacityMeter:
@@ -71,7 +76,7 @@ class CapacityMeter:
         streams = self.pinned_streams
         if not streams:
             limit = min(MAX_STREAMS, max(latency.samples) + 1)  # one past what was measured, at most
-            while streams < limit and latency(streams + 1) <= budget:
+            while streams < limit and latency(streams + 1) <= HEADROOM * budget:
                 streams += 1
         return StreamCapacity(
             resolution=Resolution(*key),
