@@ -89,6 +89,17 @@ class SentFrames:
         self.bytes -= self.blocks.popleft()[2].nbytes
 
 
+def block_requests(
+    frames: list[streamer_pb2.VideoFrame], max_bytes: int = PUSH_BLOCK_MAX_BYTES
+) -> list[streamer_pb2.PushBlockRequest]:
+    """A block's frames as PushBlock calls of at most `max_bytes` of pixels each (at least a frame each)."""
+    per_call = max(1, max_bytes // max(len(frames[0].data), 1)) if frames else 1
+    return [
+        streamer_pb2.PushBlockRequest(frames=frames[start : start + per_call])
+        for start in range(0, len(frames), per_call)
+    ]
+
+
 @dataclass
 class StreamerLink:
     """A streamer's stub, and how it takes frames."""
@@ -223,10 +234,8 @@ class FramePublisher:
         streamer: StreamerLink, frames: list[streamer_pb2.VideoFrame]
     ) -> streamer_pb2.PushBlockResponse:
         """The frames in as few PushBlock calls as the message size allows (one, but for large frames)."""
-        per_call = max(1, PUSH_BLOCK_MAX_BYTES // max(len(frames[0].data), 1)) if frames else 1
         total = streamer_pb2.PushBlockResponse()
-        for start in range(0, len(frames), per_call):
-            request = streamer_pb2.PushBlockRequest(frames=frames[start : start + per_call])
+        for request in block_requests(frames):
             part = await streamer.stub.PushBlock(request, timeout=INTERNAL_DEADLINE_S)
             total.accepted += part.accepted
             total.duplicates += part.duplicates
