@@ -16,6 +16,7 @@ from engine.families.wan.engine import WanEngine
 from engine.families.wan.pipeline import WanPipeline
 from engine.kv import KVPool, KVPoolSpec, PagedSessionCache
 from engine.quant import parse_quant, quantize_linears
+from inferix.spec.actions import HeldAction
 from inferix.spec.sampling import BlockConfig
 from inferix_cli.main import build_parser
 from tests.engine.tiny import LATENT_H, LATENT_W, TINY_DIT, prompt, tiny_dit, tiny_pipeline
@@ -161,6 +162,30 @@ def test_an_engine_compiles_at_start_up_and_its_sessions_match_eager_ones() -> N
         got = [block.latents for block in session]
     assert counters["stats"]["unique_graphs"] == graphs
     for ours, theirs in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow  # torch.compile's inductor: C++ built with g++, tens of seconds on 2 cores
+def test_a_keyboard_dit_compiles_without_a_break_and_its_sessions_with_keys_held_match_eager_ones() -> None:
+    """A play model (a DiT with a keyboard branch): the warm-up compiles with no graph break, and
+    compiled sessions holding a key compile nothing more and make the eager latents."""
+    torch._dynamo.reset()
+    counters.clear()
+    engine = WanEngine.load("toyworld-play-1f")
+
+    def blocks(key: int) -> list[Tensor]:
+        with engine.open("a red ball", seed=3, num_blocks=4) as session:
+            session.hold(HeldAction(keys=(key,), mouse=()))
+            return [block.latents for block in session]
+
+    expected = [blocks(key) for key in (0, 1)]
+    warm = engine.compile(options=CompileOptions(backend="aot_eager"))
+    assert warm.graphs >= 1 and sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    graphs = counters["stats"]["unique_graphs"]
+    got = [blocks(key) for key in (0, 1)]
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert not torch.equal(expected[0][-1], expected[1][-1])  # the keys reach the DiT
+    for ours, theirs in zip(sum(got, []), sum(expected, []), strict=True):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
 
 

@@ -439,8 +439,6 @@ class WanEngine(EngineBase):
         """
         if self.driver is not None:
             raise UserError("--compile: a sequence-parallel pod runs its DiT eagerly; start it without --compile")
-        if self.model.preset.actions is not None:
-            raise UserError(f"--compile: {self.model.name} (a DiT with a keyboard branch) runs eagerly")
         size = latent_size(self.model, width or self.model.width, height or self.model.height)
         compile_dit(self.model.dit, options or CompileOptions())
         return warm_up(self.pipeline, *size, num_blocks=num_blocks)

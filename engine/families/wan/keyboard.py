@@ -78,7 +78,11 @@ class KeyboardBranch(nn.Module):
                 f"got {list(rows.shape)}"
             )
         keyboard = self._keyboard
-        if keyboard is None or not keyboard.serves(x, rows):
+        if torch.compiler.is_compiling():
+            # Compiled (`--compile`), the tokens are made in the graph every call: the kept ones' Python
+            # state and `torch.equal` would break it (19 graphs instead of 6 for toyworld-play-1f).
+            keyboard = self._keyboard_tokens(x, rows, frames)
+        elif keyboard is None or not keyboard.serves(x, rows):
             keyboard = self._keyboard = self._keyboard_tokens(x, rows, frames)
         q = self.norm_q(self.query(x).view(batch, tokens, cfg.heads, self.head_dim))
         q = rotate_pairs(q, keyboard.query_rotations)
