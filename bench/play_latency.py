@@ -178,6 +178,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--smooth-lookahead", type=int, default=1, help="the smooth session's lookahead (default 1)")
     p.add_argument("--seed", type=int, default=1, help="seed of the pauses between key events")
     p.add_argument("--threads", type=int, default=1, help="the worker's torch threads (default 1)")
+    p.add_argument(
+        "--compile", action="store_true", help="the worker compiles its DiT step (inductor; a minute more at start)"
+    )
     p.add_argument("--chromium", default="/usr/bin/chromium")
     p.add_argument(
         "--model",
@@ -606,9 +609,11 @@ def main() -> None:
         Image.fromarray(np.stack([x * 5, y * 7, (x + y) * 3], axis=-1).astype(np.uint8)).save(workdir / "start.png")
         (workdir / "mesh").mkdir()
         config = MeshConfig(workdir=workdir / "mesh", workers=1, worker_threads=args.threads, model=Path(args.model))
+        config.compile = args.compile
         config.capacity_probe, config.realtime_streams, config.lookahead = 0, 64, 0
-        print(f"mesh: 1 worker serving {args.model} ({args.threads} torch thread(s)); {args.presses} presses per mode "
-              f"{modes} ...", flush=True)  # fmt: skip
+        step = "compiled" if args.compile else "eager"
+        print(f"mesh: 1 worker serving {args.model} ({args.threads} torch thread(s), {step}); {args.presses} presses "
+              f"per mode {modes} ...", flush=True)  # fmt: skip
         mesh = start_mesh(config)
         runs: list[Run] = []
         motion: list[MotionRun] = []
