@@ -12,11 +12,11 @@ blocks do (a probe block is not published nor committed), and a worker that clai
 probe sessions served 8 (bench/RESULTS.md, issue 38). One past lets the claim grow as the worker serves
 more sessions at once, a session at a time. The headroom is there because a probe block is faster
 than a served one (the served path's publishing, commits and RPCs share the worker's CPU: served
-blocks took 1.1-1.2x a probe's at 8 sessions, bench/RESULTS.md, issue 38), and because a stream
-whose blocks take its whole budget has no slack for one slow block. With a single size measured it assumes no further
-batching gain (L grows in proportion to N), which errs on the safe side. An operator may pin the
-streams instead (`pinned_streams`, e.g. to leave headroom); latencies are still measured and
-reported.
+blocks took 1.15-1.23x a probe's at 8 sessions at one torch thread, bench/RESULTS.md, issue 38),
+and because a stream whose blocks take its whole budget has no slack for one slow block. With a
+single size measured it assumes no further batching gain (L grows in proportion to N), which errs
+on the safe side. An operator may pin the streams instead (`pinned_streams`, e.g. to leave more
+headroom); latencies are still measured and reported.
 """
 
 from __future__ import annotations
