@@ -147,7 +147,7 @@ def test_generate_a_matrixgame_world_from_an_image_and_a_track(
             ["--model", "toyworld-play", "--prompt", "a red ball steered by the arrow keys", "--actions", "{bad}"],
             "entry 0: keys: unknown key 'Q' (this model takes ArrowUp, ArrowDown, ArrowLeft, ArrowRight)",
         ),
-        (["--model", "toyworld-play", "--prompt", "a ball", "--compile"], "--compile: toyworld-play (a DiT with a"),
+        (["--model", "toyworld-play", "--prompt", "a ball", "--cuda-graphs"], "--cuda-graphs: toyworld-play (a DiT"),
         (["--model", "tiny", "--prompt", "a ball", "--image", "{image}"], "--image: model tiny takes no start image"),
         ([], "the following arguments are required: --prompt"),
     ],
