@@ -44,7 +44,6 @@ log = logging.getLogger("inferix.worker")
 # Frames kept per session for a restarted streamer: a few seconds of video normally (the streamer's
 # segment in progress); the cap bounds a streamer that never reports durable frames.
 SENT_FRAMES_MAX_BYTES = 256 * 2**20
-Pushed = streamer_pb2.PushBlockResponse | streamer_pb2.PushFramesResponse  # the same fields
 # The frames of one PushBlock call: well within a gRPC message (a 1080p block of 12 frames takes 3 calls).
 PUSH_BLOCK_MAX_BYTES = MAX_MESSAGE_BYTES // 2
 
@@ -148,7 +147,7 @@ class FramePublisher:
         """Send the block's frames to the streamer (re-sent frames are skipped there). A streamer that
         restarted and lacks earlier frames (OUT_OF_RANGE) first gets those."""
 
-        async def attempt() -> Pushed:
+        async def attempt() -> int:
             try:
                 return await self._push(
                     streamer, session_id, fps, block.index, block.first_frame, block.frames, backfill=False
@@ -161,10 +160,10 @@ class FramePublisher:
                     streamer, session_id, fps, block.index, block.first_frame, block.frames, backfill=False
                 )
 
-        response = await while_away(f"frames of {session_id} block {block.index}: streamer", attempt)
+        durable = await while_away(f"frames of {session_id} block {block.index}: streamer", attempt)
         sent = self._sent.setdefault(session_id, SentFrames())
         sent.add(block.index, block.first_frame, block.frames)
-        sent.trim(response.durable_frames)
+        sent.trim(durable)
         self._report()
 
     async def finish(self, streamer: StreamerLink, session_id: str, video: Session, fps: int) -> None:
@@ -198,7 +197,8 @@ class FramePublisher:
         first_frame: int,
         rgb: np.ndarray,
         backfill: bool,
-    ) -> Pushed:
+    ) -> int:
+        """Push the frames; the streamer's durable frames, as it answers (see `SentFrames`)."""
         height, width = rgb.shape[1:3]
         frames = [
             streamer_pb2.VideoFrame(
@@ -224,23 +224,16 @@ class FramePublisher:
                 log.info("the streamer at %s has no PushBlock: pushing its frames one message each", streamer.address)
                 streamer.frame_by_frame = True
         requests = (streamer_pb2.PushFramesRequest(frame=frame) for frame in frames)
-        response: streamer_pb2.PushFramesResponse = await streamer.stub.PushFrames(
-            requests, timeout=INTERNAL_DEADLINE_S
-        )
-        return response
+        response = await streamer.stub.PushFrames(requests, timeout=INTERNAL_DEADLINE_S)
+        return int(response.durable_frames)
 
     @staticmethod
-    async def _push_block(
-        streamer: StreamerLink, frames: list[streamer_pb2.VideoFrame]
-    ) -> streamer_pb2.PushBlockResponse:
+    async def _push_block(streamer: StreamerLink, frames: list[streamer_pb2.VideoFrame]) -> int:
         """The frames in as few PushBlock calls as the message size allows (one, but for large frames)."""
-        total = streamer_pb2.PushBlockResponse()
+        durable = 0
         for request in block_requests(frames):
-            part = await streamer.stub.PushBlock(request, timeout=INTERNAL_DEADLINE_S)
-            total.accepted += part.accepted
-            total.duplicates += part.duplicates
-            total.durable_frames = part.durable_frames
-        return total
+            durable = (await streamer.stub.PushBlock(request, timeout=INTERNAL_DEADLINE_S)).durable_frames
+        return int(durable)
 
     async def _held(self, streamer: StreamerLink, session_id: str) -> int:
         """How many frames of the session the streamer holds (0 when it does not know the session)."""
