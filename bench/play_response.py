@@ -83,9 +83,15 @@ def trial(engine: WanEngine, seed: int, key: str, frames: int) -> list[float | N
     return moved
 
 
+def photon_index(moved: Sequence[float | None]) -> int | None:
+    """The first frame (1-based) at least MOTION_PX along, or None when none is."""
+    return next((i + 1 for i, m in enumerate(moved) if m is not None and m >= MOTION_PX), None)
+
+
 def photon_frame(moved: Sequence[float | None]) -> str:
-    """The first frame (1-based) at least MOTION_PX along, or '-' when none is."""
-    return next((str(i + 1) for i, m in enumerate(moved) if m is not None and m >= MOTION_PX), "-")
+    """`photon_index` as the tables print it ('-': none)."""
+    index = photon_index(moved)
+    return "-" if index is None else str(index)
 
 
 def row(label: str, moved: Sequence[float | None]) -> str:
@@ -117,12 +123,11 @@ def main() -> None:
         print(row(f"model median, {key}", medians))
     # How many trials pass MOTION_PX by the simulator's frame, and how many never within --frames:
     # a median hides the presses a player waits longest for.
-    simulated = photon_frame(pushed_from_rest("right", args.frames))
-    due = int(simulated) if simulated != "-" else args.frames
+    due = photon_index(pushed_from_rest("right", args.frames)) or args.frames
     for key, trials in by_key.items():
-        frames = [photon_frame(t) for t in trials]
-        on_time = sum(1 for f in frames if f != "-" and int(f) <= due)
-        never = frames.count("-")
+        frames = [photon_index(t) for t in trials]
+        on_time = sum(1 for f in frames if f is not None and f <= due)
+        never = frames.count(None)
         print(
             f"model, {key}: {MOTION_PX:g} px by frame {due} (the simulator's) in {on_time} of {len(trials)} trials, "
             f"not within {args.frames} frames in {never}"

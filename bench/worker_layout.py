@@ -133,9 +133,9 @@ def main() -> None:
         meshes = {lay: start(Path(tmp) / name(lay), lay[1], None, workers=lay[0]) for lay in layouts}
         best: dict[str, float] = {}
 
-        def keep(name: str, fps: float) -> None:
-            print(f"{name}: {fps:.1f} frames/s", flush=True)
-            best[name] = max(best.get(name, 0.0), fps)
+        def keep(label: str, fps: float) -> None:
+            print(f"{label}: {fps:.1f} frames/s", flush=True)
+            best[label] = max(best.get(label, 0.0), fps)
 
         try:
             clients = {lay: Client(mesh.address, timeout=900) for lay, mesh in meshes.items()}
