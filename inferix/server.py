@@ -342,8 +342,8 @@ async def run_server(
     if registration.on_start is not None:
         await registration.on_start(ports.get("internal", port))
     # What start-up made (a worker's model, the modules, stubs and tables) lives until exit: frozen, it
-    # is out of the collector's sight. A worker's full collections at start-up took 13-114 ms each with
-    # the GIL held; one in an hour-long session would hold its engine thread that long (a late frame).
+    # is out of the collector's sight. A full collection walks every object with the GIL held, which a
+    # worker's engine thread then waits for; frozen, a later one walks only what came after start-up.
     gc.collect()
     gc.freeze()
 

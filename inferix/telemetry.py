@@ -4,8 +4,8 @@ Tracing is configured from the standard `OTEL_*` environment variables: a servic
 over OTLP/gRPC when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `..._TRACES_ENDPOINT`) is set, and keeps a
 no-op tracer otherwise. gRPC interceptors propagate the trace context (W3C traceparent in the
 metadata) on every hop, so one trace shows a session end to end. A service that does not export
-spans installs no interceptors: on a small CPU they were a tenth of a worker's event-loop time,
-which its engine thread waits for (bench/RESULTS.md, issue 38). Configure tracing on every service
+spans installs no interceptors: they run Python on every call, on a worker's event loop, whose
+GIL time its engine thread waits for (bench/RESULTS.md, issue 38). Configure tracing on every service
 or on none; a service without it does not pass a trace on.
 """
 

@@ -80,7 +80,7 @@ class KeyboardBranch(nn.Module):
         keyboard = self._keyboard
         if torch.compiler.is_compiling():
             # Compiled (`--compile`), the tokens are made in the graph every call: the kept ones' Python
-            # state and `torch.equal` would break it (19 graphs instead of 6 for toyworld-play-1f).
+            # state and `torch.equal` would break it at every keyboard layer.
             keyboard = self._keyboard_tokens(x, rows, frames)
         elif keyboard is None or not keyboard.serves(x, rows):
             keyboard = self._keyboard = self._keyboard_tokens(x, rows, frames)
