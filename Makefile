@@ -41,6 +41,7 @@ lint:
 bench:
 	$(PYTHON) bench/engine_speed.py
 	$(PYTHON) bench/vae.py
+	$(PYTHON) bench/vae.py --taehv --threads 1 --dim 96 --taehv-latents 28x64
 	$(PYTHON) bench/mesh.py
 	$(PYTHON) bench/kvcache.py
 	$(PYTHON) bench/commits.py
@@ -50,6 +51,7 @@ bench:
 	$(PYTHON) bench/play_latency.py
 	$(PYTHON) bench/play_latency.py --model toyworld-play
 	$(PYTHON) bench/play_latency.py --model toyworld-play-1f
+	$(PYTHON) bench/play_latency.py --model toyworld-play-1f --modes interactive --compile
 	$(PYTHON) bench/play_response.py --model toyworld-play-1f --trials 40
 	$(PYTHON) bench/toyworld.py
 	$(PYTHON) bench/batching.py --realtime
