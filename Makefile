@@ -62,6 +62,7 @@ bench:
 	$(PYTHON) bench/capacity.py
 	$(PYTHON) bench/drain.py
 	$(PYTHON) bench/served.py
+	$(PYTHON) bench/gil_share.py
 	$(PYTHON) bench/worker_layout.py
 	$(PYTHON) bench/recovery.py
 	$(PYTHON) bench/streamer_restart.py
