@@ -361,18 +361,30 @@ def _grow(x: Tensor, module: TGrow, n: int, t: int) -> Tensor:
 CHUNK_BYTES = 8 * 2**20
 
 
-def _run(steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None], first: int = 0) -> Tensor | None:
+def _run(
+    steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None], first: int = 0, skip: int = 0
+) -> Tensor | None:
     """Run `x` [n * T, C, H, W] (sample-major, time inside) through `steps`, updating `memory`.
 
     Every layer takes all of the block's time steps at once, until the activations pass
     `CHUNK_BYTES`: the rest of the layers then run on chunks of time steps in order. None when a
-    TPool has not yet gathered enough steps to give one (its pending steps stay in `memory`).
+    TPool has not yet gathered enough steps to give one (its pending steps stay in `memory`), or
+    when every step is skipped. `skip`: leading output steps of each sample that the caller drops (a
+    stream's first frames); the layers after the last one with memory or a time stride, which make
+    each output step from its own input step alone, do not compute them.
     """
+    tail = _tail_start(steps)
     for index in range(first, len(steps)):
         step = steps[index]
         t = x.shape[0] // n
+        if index == tail and skip:
+            frames = x.reshape(n, t, *x.shape[1:])[:, min(skip, t) :]
+            x = frames.reshape(-1, *x.shape[1:]).contiguous(memory_format=_format_of(x))
+            skip, t = 0, t - min(skip, t)
+            if t == 0:
+                return None  # every step of this chunk is dropped
         if t > 1 and x.numel() * x.element_size() > CHUNK_BYTES:
-            return _run_chunked(steps, x, n, memory, index)
+            return _run_chunked(steps, x, n, memory, index, skip)
         module = step.module
         if step.kind is _Kind.MEMORY:
             last = x[t - 1 :: t]  # [n, C, H, W]: each sample's last step, the next block's past
@@ -412,23 +424,39 @@ def _run(steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None], fir
     return x
 
 
-def _run_chunked(steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None], first: int) -> Tensor | None:
-    """`_run` from step `first` on, a chunk of time steps at a time (each chunk's memory feeds the next)."""
+def _run_chunked(
+    steps: list[_Step], x: Tensor, n: int, memory: list[Tensor | None], first: int, skip: int = 0
+) -> Tensor | None:
+    """`_run` from step `first` on, a chunk of time steps at a time (each chunk's memory feeds the next);
+    `skip` leading output steps dropped, as in `_run`."""
     t = x.shape[0] // n
     per_step = x.numel() * x.element_size() // (n * t)
     size = max(1, CHUNK_BYTES // max(1, n * per_step))
     c, h, w = x.shape[1:]
     frames = x.reshape(n, t, c, h, w)
+    growth = _growth(steps, first)  # output steps per step here, for the chunks' share of `skip`
     outputs = []
     for start in range(0, t, size):
         chunk = frames[:, start : start + size].reshape(-1, c, h, w).contiguous(memory_format=_format_of(x))
-        y = _run(steps, chunk, n, memory, first)
+        y = _run(steps, chunk, n, memory, first, max(0, skip - start * growth))
         if y is not None:
             outputs.append(y.reshape(n, -1, *y.shape[1:]))
     if not outputs:
         return None
     y = torch.cat(outputs, 1)
     return y.reshape(-1, *y.shape[2:]).contiguous(memory_format=_format_of(outputs[0][:, 0]))
+
+
+def _tail_start(steps: list[_Step]) -> int:
+    """The index from which every step makes each time step from the same input step alone."""
+    timed = [i for i, step in enumerate(steps) if step.kind in (_Kind.MEMORY, _Kind.GROW, _Kind.POOL)]
+    return timed[-1] + 1 if timed else 0
+
+
+def _growth(steps: list[_Step], first: int) -> int:
+    """Output time steps per input time step of the steps from `first` on (a decoder: no TPool)."""
+    grows = [s.module.stride for s in steps[first:] if s.kind is _Kind.GROW and isinstance(s.module, TGrow)]
+    return math.prod(grows)
 
 
 def _format_of(x: Tensor) -> torch.memory_format:
@@ -542,15 +570,15 @@ class TAEHV(nn.Module):
             raise ValueError(f"a TAEHV stream of batch {state.batch} got a block of batch {n}")
         state.batch = n
         x, _ = self._frames_in(latents)
-        y = _run(self._plans.decoder, x, n, state.memory)
-        assert y is not None  # the decoder has no TPool: every block gives frames
+        # The stream's first frames are dropped: the last layers do not make them at all.
+        drop = min(state.to_trim, latents.shape[1] * self.layout.t_upscale)
+        y = _run(self._plans.decoder, x, n, state.memory, skip=drop)
+        assert y is not None  # no TPool, and a stream drops fewer frames than its first latent frame makes
+        state.to_trim -= drop
         p = self.layout.patch_size
         if p > 1:
             y = F.pixel_shuffle(y, p)
         video = y.clamp(0, 1).reshape(n, -1, *y.shape[1:]).contiguous()
-        drop = min(state.to_trim, video.shape[1])
-        state.to_trim -= drop
-        video = video[:, drop:]
         state.frames_out += video.shape[1]
         return video
 

@@ -197,3 +197,30 @@ def test_one_step_chunks_stay_channels_last(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(taehv, "CHUNK_BYTES", 1)  # past the first layer, one time step at a time
     assert _max_diff(model.decode_video(latents), whole) <= TOL
     assert seen and all(channels_last for _, channels_last in seen), seen
+
+
+@pytest.mark.parametrize("chunk_bytes", [taehv.CHUNK_BYTES, 1])
+def test_a_streams_dropped_first_frames_are_never_made(monkeypatch: pytest.MonkeyPatch, chunk_bytes: int) -> None:
+    # The first t_upscale - 1 frames of a stream are dropped; the last layers (the upsampled conv and
+    # the output conv, per frame) skip them instead of making and dropping them.
+    model = load_taehv(CASE / "taew2_1.pth")
+    latents = torch.randn(2, 3, 16, 2, 3, generator=torch.Generator().manual_seed(14))
+    walked = FramewiseDecoder(load_taehv(CASE / "taew2_1.pth", channels_last=False))
+    expected = [walked.decode_block(latents[:, :1]), walked.decode_block(latents[:, 1:])]
+    monkeypatch.setattr(taehv, "CHUNK_BYTES", chunk_bytes)
+    made: list[int] = []
+    last_layers = taehv._upconv_out
+
+    def counted(x: torch.Tensor, upconv: torch.nn.Conv2d, then: torch.nn.Conv2d) -> torch.Tensor:
+        made.append(x.shape[0])
+        return last_layers(x, upconv, then)
+
+    monkeypatch.setattr(taehv, "_upconv_out", counted)
+    state = model.new_decode_state()
+    first = model.decode_stream(latents[:, :1], state)
+    assert sum(made) == 2 * 1  # of 4 frames per sample, the 3 dropped ones never reach the last layers
+    made.clear()
+    second = model.decode_stream(latents[:, 1:], state)
+    assert sum(made) == 2 * 8
+    assert first.shape[1] == 1 and second.shape[1] == 8
+    assert _max_diff(first, expected[0]) <= TOL and _max_diff(second, expected[1]) <= TOL
