@@ -373,16 +373,16 @@ def _run(
     stream's first frames); the layers after the last one with memory or a time stride, which make
     each output step from its own input step alone, do not compute them.
     """
-    tail = _tail_start(steps)
+    tail = _tail_start(steps) if skip else -1
     for index in range(first, len(steps)):
         step = steps[index]
         t = x.shape[0] // n
-        if index == tail and skip:
-            frames = x.reshape(n, t, *x.shape[1:])[:, min(skip, t) :]
-            x = frames.reshape(-1, *x.shape[1:]).contiguous(memory_format=_format_of(x))
-            skip, t = 0, t - min(skip, t)
-            if t == 0:
+        if index == tail:
+            if skip >= t:
                 return None  # every step of this chunk is dropped
+            kept = x.reshape(n, t, *x.shape[1:])[:, skip:]
+            x = kept.reshape(-1, *x.shape[1:]).contiguous(memory_format=_format_of(x))
+            t, skip = t - skip, 0
         if t > 1 and x.numel() * x.element_size() > CHUNK_BYTES:
             return _run_chunked(steps, x, n, memory, index, skip)
         module = step.module
