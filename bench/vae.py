@@ -34,16 +34,17 @@ minimum over rounds (the least disturbed by other work on the cores) and the med
 minimums to the first variant, the max abs difference of the video from the first variant's, and
 the warm-up pass's time (a whole video; compilation included).
 
-``--taehv``: the TAEHV tiny decoder (engine/decoders/taehv.py) next to the Wan VAE at its
-released size (``--dim 96``), on the same latents, in one child process: per resolution
-(``--taehv-latents``, default the engine bench's 224x512 and 480x832) and dtype (``--taehv-dtypes``),
-each decoder first decodes one latent frame (the stream's first block), then the timed block of
-``--block-frames`` latent frames (the Wan VAE once: it is slow; the TAEHV decoders min of
-``--repeats`` interleaved rounds). The TAEHV decoders first run a throwaway stream, so that their
-timed first blocks (printed after the table, once each) do not pay for kernel set-up. Three decoders: the Wan VAE; ours, which runs a block's frames
-through each layer together (channels-last, TGrow before the upsample, upsample+conv as 2x2 phase
-convs); and "framewise", a faithful reference-style walk of one time step through every layer in
-the default layout (engine/decoders/taehv_framewise.py), the baseline of the >= 1.5x target.
+``--taehv``: the TAEHV tiny decoder (engine/decoders/taehv.py) next to the Wan VAE at its released
+size (``--dim 96``), on the same latents, in one child process: per resolution (``--taehv-latents``,
+default the engine bench's 224x512 and 480x832) and dtype (``--taehv-dtypes``), each decoder first
+decodes one latent frame (the stream's first block), then the timed block of ``--block-frames``
+latent frames (the Wan VAE once: it is slow; the TAEHV decoders min of ``--repeats`` interleaved
+rounds). The TAEHV decoders first run a throwaway stream, so that their timed first blocks (printed
+after the table, once each) do not pay for kernel set-up. Three decoders: the Wan VAE; ours, which
+runs a block's frames through each layer together (channels-last, TGrow before the upsample,
+upsample+conv as 2x2 phase convs); and "framewise", a faithful reference-style walk of one time step
+through every layer in the default layout (engine/decoders/taehv_framewise.py), the baseline of the
+>= 1.5x target.
 Decoder times are CPU seconds of the (one-thread) process, robust to other work on shared cores;
 the DiT's are the engine's own wall-clock phase timings.
 The share of a block adds the engine bench's DiT (denoising steps + context pass per block, same
