@@ -8,9 +8,7 @@ create to the last completion. Both with the same torch threads, in one run. The
 start-up capacity probe, whose claim is printed next to the real-time streams served (the largest N
 whose sessions each got the model's fps or more): what a worker claims for admission should be what
 it serves. From the worker's
-metrics it also prints the sessions per batched forward, the blocks per call that push frames to the
-streamer and commit latents to kvcache_svc (`inferix_worker_coalesced_items`; 1.00 for a tree before
-those calls were batched), where a served block's time goes (the
+metrics it also prints the sessions per batched forward, where a served block's time goes (the
 worker's `inferix_worker_block_stage_seconds`: scheduler round trip, admission, frames handed out
 before the context pass (from admission; 0 for a tree without it), compute, frame publishing,
 commit) and what the worker's engine thread did with its wall time
@@ -168,10 +166,6 @@ def breakdown(before: dict[str, float], after: dict[str, float], seconds: float)
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     out = {"batch": delta("inferix_worker_batch_sessions_sum") / max(delta("inferix_worker_batch_sessions_count"), 1)}
-    for call, key in (("PushBlocks", "push"), ("CommitBlocks", "commit")):
-        name = f'inferix_worker_coalesced_items_{{}}{{{{call="{call}"}}}}'
-        calls = delta(name.format("count"))
-        out[f"blocks/{key}"] = delta(name.format("sum")) / calls if calls else 1.0  # a tree before: a call a block
     for stage in STAGES:
         key = f'inferix_worker_block_stage_seconds_{{}}{{{{stage="{stage}"}}}}'
         out[stage] = 1e3 * delta(key.format("sum")) / max(delta(key.format("count")), 1)
@@ -288,14 +282,13 @@ def main() -> None:
         print(f"\n{name} ({tree}): {args.model}, {args.blocks} blocks/session, {args.threads} torch threads, 1 worker")
         print(
             f"{'N':>3} {'in-engine fps':>14} {'served fps':>11} {'served/engine':>14} {'sessions/forward':>17}"
-            f" {'blocks/push':>12} {'blocks/commit':>14}"
             "   CPU, % of all cores: in-engine | served: worker / streamer / scheduler / kvcache_svc / clients"
         )
         for n, row in rows[name]:
             print(
                 f"{n:>3} {row['engine']:>14.1f} {row['served']:>11.1f} {row['served'] / row['engine']:>13.2f}x "
-                f"{row['batch']:>17.2f} {row['blocks/push']:>12.2f} {row['blocks/commit']:>14.2f}   "
-                f"{row['cpu engine']:.1f}% | " + " / ".join(f"{row['cpu ' + part]:.1f}%" for part in CPU_PARTS)
+                f"{row['batch']:>17.2f}   {row['cpu engine']:.1f}% | "
+                + " / ".join(f"{row['cpu ' + part]:.1f}%" for part in CPU_PARTS)
             )
         print("per served block, mean ms by stage; the worker's engine thread, % of its wall time by part")
         print(f"{'N':>3} " + " ".join(f"{s:>9}" for s in STAGES) + " " + " ".join(f"{p:>8}" for p in (*PARTS, "idle")))

@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import grpc
 
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
-from inferix.item_status import item_status
 from inferix.server import Registration
 from inferix.spec.blocks import CommittedBlock
 from inferix.spec.capacity import Resolution, StreamCapacity
@@ -55,11 +54,6 @@ _STATUS: list[tuple[type[Exception], grpc.StatusCode]] = [
     (StoreError, grpc.StatusCode.INTERNAL),
 ]
 
-
-def _status_code(exc: Exception) -> grpc.StatusCode:
-    return next(code for cls, code in _STATUS if isinstance(exc, cls))
-
-
 S = TypeVar("S")
 Q = TypeVar("Q")
 R = TypeVar("R")
@@ -73,7 +67,8 @@ def _with_statuses(handler: Callable[[S, Q, Any], Awaitable[R]]) -> Callable[[S,
         try:
             return await handler(self, request, context)
         except (KVCacheError, StoreError) as exc:
-            await context.abort(_status_code(exc), str(exc))
+            code = next(code for cls, code in _STATUS if isinstance(exc, cls))
+            await context.abort(code, str(exc))
             raise  # context.abort always raises; this line only satisfies the type checker
 
     return wrapper
@@ -90,7 +85,8 @@ def _stream_with_statuses(
             async for item in handler(self, request, context):
                 yield item
         except (KVCacheError, StoreError) as exc:
-            await context.abort(_status_code(exc), str(exc))
+            code = next(code for cls, code in _STATUS if isinstance(exc, cls))
+            await context.abort(code, str(exc))
 
     return wrapper
 
@@ -268,28 +264,10 @@ class KVCacheServicer(kvcache_pb2_grpc.KVCacheServiceServicer):
     async def CommitBlock(
         self, request: kvcache_pb2.CommitBlockRequest, context: Any
     ) -> kvcache_pb2.CommitBlockResponse:
-        await self._commit(request)
-        return kvcache_pb2.CommitBlockResponse()
-
-    async def CommitBlocks(
-        self, request: kvcache_pb2.CommitBlocksRequest, context: Any
-    ) -> kvcache_pb2.CommitBlocksResponse:
-        """Each commit as by CommitBlock, together (they are independent), each with its own status."""
-
-        async def commit(item: kvcache_pb2.CommitBlockRequest) -> common_pb2.ItemStatus:
-            try:
-                await self._commit(item)
-            except (KVCacheError, StoreError) as exc:
-                return item_status(_status_code(exc), str(exc))
-            return common_pb2.ItemStatus()
-
-        statuses = await asyncio.gather(*(commit(item) for item in request.commits))
-        return kvcache_pb2.CommitBlocksResponse(results=statuses)
-
-    async def _commit(self, request: kvcache_pb2.CommitBlockRequest) -> None:
         if not request.HasField("block"):
             raise InvalidRequestError(f"CommitBlock for session {request.session_id!r} carries no block")
         await self.blocks.commit(request.session_id, CommittedBlock.from_proto(request.block))
+        return kvcache_pb2.CommitBlockResponse()
 
     @_stream_with_statuses
     async def GetCommittedBlocks(

@@ -19,7 +19,6 @@ from typing import NoReturn, TypeVar
 import grpc
 
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
-from inferix.item_status import item_status
 from inferix.server import Registration
 from streamer.encoder import LIBX264
 from streamer.errors import (
@@ -224,22 +223,6 @@ class StreamerService(streamer_pb2_grpc.StreamerServiceServicer):
             except StreamerError as error:
                 await _abort(context, error, tally.before_refusal())
         return tally.answer(streamer_pb2.PushBlockResponse)
-
-    async def PushBlocks(
-        self, request: streamer_pb2.PushBlocksRequest, context: grpc.aio.ServicerContext
-    ) -> streamer_pb2.PushBlocksResponse:
-        response = streamer_pb2.PushBlocksResponse()
-        for block in request.blocks:
-            tally = _Tally()
-            result = response.results.add()
-            try:
-                for frame in block.frames:
-                    await self._admit(frame, tally)
-            except StreamerError as error:
-                result.status.CopyFrom(item_status(_STATUS[type(error)], f"{error}{tally.before_refusal()}"))
-            else:
-                result.response.CopyFrom(tally.answer(streamer_pb2.PushBlockResponse))
-        return response
 
     async def _admit(self, frame: streamer_pb2.VideoFrame, tally: _Tally) -> None:
         """One pushed frame into its session (or the finished recording it repeats), counted in `tally`."""

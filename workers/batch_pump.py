@@ -84,19 +84,17 @@ class BatchPump:
         call waits for the lock; the jobs finished. Early outputs go to `loop` as they come."""
         while True:
             finished = self.batcher.step()
-            early = self.batcher.take_early()
-            if early:  # in one callback: the step's frames leave together (`workers.coalesce`)
-                loop.call_soon_threadsafe(self._hand_out, early)
+            for entry, value in self.batcher.take_early():
+                loop.call_soon_threadsafe(self._hand_out, entry, value)
             if finished or not self.batcher.busy or self.host.lock.waiting:
                 return finished
 
-    def _hand_out(self, early: list[tuple[BatchJob[object], object]]) -> None:
-        """A step's early outputs, on the event loop (before their jobs' `on_done`, scheduled later)."""
-        for entry, value in early:
-            waiter = self._waiters.get(entry)
-            if waiter is not None and waiter[2] is not None:
-                assert isinstance(value, VideoBlock)
-                waiter[2](value)
+    def _hand_out(self, entry: BatchJob[object], value: object) -> None:
+        """An early output, on the event loop (before its job's `on_done`, which is scheduled later)."""
+        waiter = self._waiters.get(entry)
+        if waiter is not None and waiter[2] is not None:
+            assert isinstance(value, VideoBlock)
+            waiter[2](value)
 
     async def _pump(self) -> None:
         """Step the batcher while it has jobs; the engine lock is free between runs of steps (`_steps`)."""

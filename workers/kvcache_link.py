@@ -21,26 +21,19 @@ import grpc
 
 from engine.contract import VideoBlock
 from inferix.api.v1 import common_pb2, kvcache_pb2, kvcache_pb2_grpc
-from inferix.item_status import item_error
-from inferix.server import MAX_MESSAGE_BYTES, channel
+from inferix.server import channel
 from inferix.spec.blocks import CommittedBlock
-from workers.coalesce import Coalescer
 from workers.retry import while_away
 
 log = logging.getLogger("inferix.worker")
 INTERNAL_DEADLINE_S = 30.0
 COMMITTED_PAGE_DEADLINE_S = 60.0  # one page of committed blocks (~4 MiB)
 SNAPSHOT_DEADLINE_S = 60.0  # one snapshot message or piece (up to 64 MiB)
-COMMITS_MAX_BYTES = MAX_MESSAGE_BYTES // 2  # one CommitBlocks call
 
 
 def state_sha256(state: bytes) -> str:
     """The digest a snapshot in pieces carries of its whole state (hex)."""
     return hashlib.sha256(state).hexdigest()
-
-
-def _commit_bytes(request: kvcache_pb2.CommitBlockRequest) -> int:
-    return request.ByteSize()
 
 
 @dataclass
@@ -60,9 +53,6 @@ class KVCacheLink:
         self.worker_id = worker_id
         self.stub = kvcache_pb2_grpc.KVCacheServiceStub(channel(address))
         self._sequence = 0
-        self._commits: Coalescer[kvcache_pb2.CommitBlockRequest, None] = Coalescer(
-            "kvcache_svc", "CommitBlocks", self._commit_batch, self._commit_one, _commit_bytes, COMMITS_MAX_BYTES
-        )
 
     async def commit(self, session_id: str, block: VideoBlock, action: common_pb2.HeldAction) -> None:
         """Store the block's latents, with the action it was made under (commits are idempotent)."""
@@ -73,21 +63,12 @@ class KVCacheLink:
 
         async def attempt() -> None:
             try:
-                await self._commits.call(request)
+                await self.stub.CommitBlock(request, timeout=INTERNAL_DEADLINE_S)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.ALREADY_EXISTS:  # ALREADY_EXISTS: a re-run of a committed block
                     raise
 
         await while_away(f"commit of {session_id} block {block.index}: kvcache_svc", attempt)
-
-    async def _commit_one(self, request: kvcache_pb2.CommitBlockRequest) -> None:
-        await self.stub.CommitBlock(request, timeout=INTERNAL_DEADLINE_S)
-
-    async def _commit_batch(self, requests: list[kvcache_pb2.CommitBlockRequest]) -> list[None | grpc.aio.AioRpcError]:
-        """The commits of sessions whose blocks finished together, in one call (`workers.coalesce`)."""
-        batch = kvcache_pb2.CommitBlocksRequest(commits=requests)
-        response = await self.stub.CommitBlocks(batch, timeout=INTERNAL_DEADLINE_S)
-        return [item_error(status, "CommitBlock") for status in response.results]
 
     async def committed_groups(
         self, session_id: str, before_block: int | None = None, from_block: int = 0

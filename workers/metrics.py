@@ -61,12 +61,6 @@ ENGINE_SECONDS = Counter(
     "Wall-clock seconds of the worker's engine thread by what it did: forward, decode, step, gap (idle: the rest)",
     ["part"],
 )
-COALESCED_ITEMS = Histogram(
-    "inferix_worker_coalesced_items",
-    "Items in each batched call to another service (PushBlocks, CommitBlocks): a step's blocks of several sessions",
-    ["call"],
-    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64),
-)
 REALTIME_STREAMS = Gauge(
     "inferix_worker_realtime_streams",
     "Sessions this worker runs at once in real time, measured per resolution",

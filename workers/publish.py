@@ -3,9 +3,8 @@ scheduler), and what a restarted streamer is missing.
 
 A block goes in one `PushBlock` call: a client-streaming `PushFrames` call with a message per frame
 spent twice as long per block, most of it Python on the worker's event loop, which its engine thread
-waits for (the GIL; bench/RESULTS.md, issue 38). The blocks a batched forward finished together go
-in one `PushBlocks` call (`workers.coalesce`). A streamer of an earlier release (a rolling upgrade)
-answers UNIMPLEMENTED; it then gets a call per block, or its frames through `PushFrames`.
+waits for (the GIL; bench/RESULTS.md, issue 38). A streamer of an earlier release (a rolling
+upgrade) answers UNIMPLEMENTED; it then gets its frames through `PushFrames`.
 
 A streamer keeps a recording in progress durable up to its last closed segment
 (`streamer.segments`); a push's answer (`durable_frames`) says how far. The publisher keeps the
@@ -34,10 +33,8 @@ from engine.contract import Session, VideoBlock
 from engine.snapshot import SessionSnapshot, SnapshotMismatch
 from inferix.api.v1 import streamer_pb2, streamer_pb2_grpc
 from inferix.errors import UserError
-from inferix.item_status import item_error
 from inferix.server import MAX_MESSAGE_BYTES, channel
 from workers import metrics
-from workers.coalesce import Coalescer
 from workers.engine_host import EngineHost
 from workers.kvcache_link import INTERNAL_DEADLINE_S, KVCacheLink
 from workers.retry import while_away
@@ -104,40 +101,11 @@ def block_requests(
 
 @dataclass
 class StreamerLink:
-    """A streamer's stub, and how it takes frames: the blocks of a batch together (PushBlocks, through
-    `blocks`), else a call per block (PushBlock), else a message per frame (PushFrames)."""
+    """A streamer's stub, and how it takes frames."""
 
     address: str
     stub: streamer_pb2_grpc.StreamerServiceStub
-    blocks: Coalescer[streamer_pb2.PushBlockRequest, int] = field(init=False)
     frame_by_frame: bool = False  # a streamer of a release before PushBlock: PushFrames, one message per frame
-
-    def __post_init__(self) -> None:
-        self.blocks = Coalescer(
-            f"the streamer at {self.address}",
-            "PushBlocks",
-            self._push_blocks,
-            self.push_block,
-            _pixel_bytes,
-            PUSH_BLOCK_MAX_BYTES,
-        )
-
-    async def push_block(self, request: streamer_pb2.PushBlockRequest) -> int:
-        return int((await self.stub.PushBlock(request, timeout=INTERNAL_DEADLINE_S)).durable_frames)
-
-    async def _push_blocks(self, requests: list[streamer_pb2.PushBlockRequest]) -> list[int | grpc.aio.AioRpcError]:
-        response = await self.stub.PushBlocks(
-            streamer_pb2.PushBlocksRequest(blocks=requests), timeout=INTERNAL_DEADLINE_S
-        )
-        outcomes: list[int | grpc.aio.AioRpcError] = []
-        for result in response.results:
-            error = item_error(result.status, "PushBlock")
-            outcomes.append(int(result.response.durable_frames) if error is None else error)
-        return outcomes
-
-
-def _pixel_bytes(request: streamer_pb2.PushBlockRequest) -> int:
-    return sum(len(frame.data) for frame in request.frames)
 
 
 class FramePublisher:
@@ -261,15 +229,11 @@ class FramePublisher:
 
     @staticmethod
     async def _push_block(streamer: StreamerLink, frames: list[streamer_pb2.VideoFrame]) -> int:
-        """The frames in as few PushBlock calls as the message size allows (one, but for large frames); a
-        block of one call goes with the other blocks pushed in the same turn of the event loop."""
-        requests = block_requests(frames)
-        if len(requests) == 1:
-            return await streamer.blocks.call(requests[0])
+        """The frames in as few PushBlock calls as the message size allows (one, but for large frames)."""
         durable = 0
-        for request in requests:
-            durable = await streamer.push_block(request)
-        return durable
+        for request in block_requests(frames):
+            durable = (await streamer.stub.PushBlock(request, timeout=INTERNAL_DEADLINE_S)).durable_frames
+        return int(durable)
 
     async def _held(self, streamer: StreamerLink, session_id: str) -> int:
         """How many frames of the session the streamer holds (0 when it does not know the session)."""

@@ -270,32 +270,6 @@ def test_commit_and_get_blocks_round_trip(start_kvcache: StartKVCache, store_arg
     assert len(_blocks(kvcache, "s1")) == 3
 
 
-def test_commits_of_several_sessions_in_one_call_are_each_answered_on_their_own(
-    start_kvcache: StartKVCache, store_args: list[str]
-) -> None:
-    """CommitBlocks, as a worker commits a batch's blocks: each commit as CommitBlock does it, with its
-    own status; one refused commit leaves the others committed."""
-    kvcache = start_kvcache(*store_args)
-    first, second, other = _block(0), _block(1), _block(0)  # random latents each
-    _commit(kvcache, "s1", first)
-    changed = kvcache_pb2.CommittedBlock()
-    changed.CopyFrom(first)
-    changed.latents = os.urandom(len(first.latents))
-    short = _block(1)
-    short.latents = short.latents[:-4]
-    commits = [("s1", second), ("s2", other), ("s1", changed), ("s3", short), ("s1", first)]
-    request = kvcache_pb2.CommitBlocksRequest(
-        commits=[kvcache_pb2.CommitBlockRequest(session_id=s, block=b) for s, b in commits]
-    )
-    results = kvcache.stub.CommitBlocks(request, timeout=30).results
-    codes = [CODE.OK, CODE.OK, CODE.ALREADY_EXISTS, CODE.INVALID_ARGUMENT, CODE.OK]  # the last: a retry, a no-op
-    assert [r.code for r in results] == [c.value[0] for c in codes]
-    assert "already committed" in results[2].message and "needs 2880" in results[3].message, results
-    assert _blocks(kvcache, "s1") == [first, second]
-    assert _blocks(kvcache, "s2") == [other]
-    expect_status(CODE.NOT_FOUND, lambda: _blocks(kvcache, "s3"), "'s3'", "no committed blocks")
-
-
 def test_committed_blocks_of_a_long_session_stream_past_the_message_cap(
     start_kvcache: StartKVCache, redis_server: RedisServer
 ) -> None:

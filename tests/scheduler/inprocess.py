@@ -124,7 +124,7 @@ class InProcessMesh:
 
     def restart_streamer(self, left_out: tuple[str, ...] = ()) -> None:
         """SIGKILL the streamer and start a new one on the same recordings folder; `left_out`: methods
-        the new one does not serve (e.g. "PushBlocks", as a streamer of an older release)."""
+        the new one does not serve (e.g. "PushBlock", as a streamer of an older release)."""
         self.network.kill(STREAMER)
         self.streamer = self._new_streamer()
         if not left_out:
@@ -134,15 +134,6 @@ class InProcessMesh:
         self._serve_streamer(full)
         missing = {f"/inferix.v1.StreamerService/{method}" for method in left_out}
         self.network.restart(STREAMER, lambda server: server.add_generic_rpc_handlers((_Without(full, missing),)))
-
-    def restart_kvcache(self, left_out: tuple[str, ...]) -> None:
-        """Restart kvcache_svc as a release without the methods `left_out` (e.g. "CommitBlocks"); its
-        store is kept, as Redis keeps it."""
-        self.network.kill(KVCACHE)
-        full = Server()
-        kvcache_pb2_grpc.add_KVCacheServiceServicer_to_server(self.kvcache, full)
-        missing = {f"/inferix.v1.KVCacheService/{method}" for method in left_out}
-        self.network.restart(KVCACHE, lambda server: server.add_generic_rpc_handlers((_Without(full, missing),)))
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:

@@ -253,7 +253,7 @@ async def test_frames_a_stopping_streamer_cancels_are_sent_again_to_the_next_one
     record = await mesh.create(blocks, SEED, PROMPT)
     await mesh.during_block("w-a", record, 3)
     mesh.network.stop(STREAMER)  # draining: what is pushed now waits, unanswered
-    push = "/inferix.v1.StreamerService/PushBlocks"
+    push = "/inferix.v1.StreamerService/PushBlock"
     async with asyncio.timeout(30):
         while not mesh.network.calls_in_flight(STREAMER, push):
             await asyncio.sleep(0.001)
@@ -269,52 +269,16 @@ async def test_frames_a_stopping_streamer_cancels_are_sent_again_to_the_next_one
 
 @in_mesh(["w-a"])
 async def test_frames_reach_a_streamer_of_a_release_before_push_block(mesh: InProcessMesh) -> None:
-    """During a rolling upgrade a worker may push to a streamer of an older release, which has neither
-    PushBlocks nor PushBlock (UNIMPLEMENTED): the worker pushes there frame by frame (PushFrames), and
-    the recording is the session made alone."""
+    """During a rolling upgrade a worker may push to a streamer of an older release, which has no
+    PushBlock (UNIMPLEMENTED): the worker pushes there frame by frame (PushFrames), and the recording
+    is the session made alone."""
     blocks = 8
     record = await mesh.create(blocks, SEED, PROMPT)
     await mesh.during_block("w-a", record, 3)
-    mesh.restart_streamer(left_out=("PushBlocks", "PushBlock"))
+    mesh.restart_streamer(left_out=("PushBlock",))
     await mesh.finished(record)
 
     assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
     assert any("has no PushBlock" in line for line in mesh.logs.lines)
-    info = await mesh.stream_info(record)
-    assert info.finished and (info.frames, info.frames_sha256) == solo(blocks, SEED, PROMPT)
-
-
-@in_mesh(["w-a"])
-async def test_frames_reach_a_streamer_of_a_release_before_push_blocks(mesh: InProcessMesh) -> None:
-    """A streamer of the release before PushBlocks (UNIMPLEMENTED) gets a PushBlock call per block, and
-    the recording is the session made alone."""
-    blocks = 8
-    record = await mesh.create(blocks, SEED, PROMPT)
-    await mesh.during_block("w-a", record, 3)
-    mesh.restart_streamer(left_out=("PushBlocks",))
-    await mesh.finished(record)
-
-    assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
-    assert any("has no batched call" in line for line in mesh.logs.lines)
-    assert not any("has no PushBlock" in line for line in mesh.logs.lines)
-    info = await mesh.stream_info(record)
-    assert info.finished and (info.frames, info.frames_sha256) == solo(blocks, SEED, PROMPT)
-
-
-@in_mesh(["w-a"])
-async def test_blocks_are_committed_to_a_kvcache_svc_of_a_release_before_commit_blocks(mesh: InProcessMesh) -> None:
-    """kvcache_svc of the release before CommitBlocks (UNIMPLEMENTED) gets a CommitBlock call per block:
-    every block is committed, and the recording is the session made alone."""
-    blocks = 8
-    record = await mesh.create(blocks, SEED, PROMPT)
-    await mesh.during_block("w-a", record, 3)
-    mesh.restart_kvcache(left_out=("CommitBlocks",))
-    await mesh.finished(record)
-
-    assert record.state == common_pb2.SESSION_STATE_COMPLETED, record.error
-    assert any("kvcache_svc has no batched call" in line for line in mesh.logs.lines)
-    first = await mesh.kvcache.blocks.first_kept(record.session_id)  # those before an anchor are dropped
-    listed = await mesh.kvcache.blocks.listing(record.session_id, first) or []
-    assert [index for index, _ in listed] == list(range(first, blocks))
     info = await mesh.stream_info(record)
     assert info.finished and (info.frames, info.frames_sha256) == solo(blocks, SEED, PROMPT)

@@ -198,39 +198,6 @@ def test_a_block_pushed_in_one_call_is_admitted_frame_by_frame(
     assert delta(before, after, "inferix_streamer_frames_rejected_total{reason=frame_index}") == 1
 
 
-def test_blocks_of_several_sessions_in_one_call_are_each_answered_on_their_own(
-    stub: Stub, streamer: ServiceProcess, tmp_path: Path
-) -> None:
-    """PushBlocks, as a worker pushes a batch's blocks: each block admitted as PushBlock admits it, in
-    order; a refused block gets its own status (with the frames it took before the refusal) and the
-    blocks after it in the call are still admitted."""
-    one = Video("batch-one", 96, 64, 16.0, (4, 4))
-    two = Video("batch-two", 64, 64, 16.0, (4, 4))
-    late = Video("batch-late", 64, 64, 16.0, (4,))
-
-    def block(video: Video, indices: Iterable[int]) -> streamer_pb2.PushBlockRequest:
-        return streamer_pb2.PushBlockRequest(frames=[video.frame(i) for i in indices])
-
-    def push_blocks(*blocks: streamer_pb2.PushBlockRequest) -> list[streamer_pb2.PushBlockResult]:
-        request = streamer_pb2.PushBlocksRequest(blocks=blocks)
-        return list(stub.PushBlocks(request, timeout=30).results)
-
-    first = push_blocks(block(one, range(4)), block(late, [2, 3]), block(two, range(4)))
-    assert [r.status.code for r in first] == [0, grpc.StatusCode.OUT_OF_RANGE.value[0], 0]
-    assert "send its video from frame 0" in first[1].status.message, first[1].status.message
-    assert [(r.response.accepted, r.response.duplicates) for r in first] == [(4, 0), (0, 0), (4, 0)]
-    second = push_blocks(block(one, [2, 3, 4, 5, 6, 7]), block(two, [4, 5, 7]))
-    assert (second[0].status.code, second[0].response.accepted, second[0].response.duplicates) == (0, 4, 2)
-    assert second[1].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-    assert "frame.frame_index must be 6" in second[1].status.message
-    assert "accepted 2" in second[1].status.message, second[1].status.message
-    assert push_blocks(block(two, [6, 7]))[0].response.accepted == 2
-    for video in (one, two):
-        finish = streamer_pb2.FinishStreamRequest(session_id=video.session_id, frames=8)
-        assert stub.FinishStream(finish, timeout=30).frames == 8
-        check_recording(download(stub, video.session_id, tmp_path / f"{video.session_id}.mp4"), video)
-
-
 def test_a_bad_first_frame_opens_no_session(stub: Stub) -> None:
     cases = {
         "width": (Video("odd", 95, 64, 16.0, (1,)).frame(0), "positive even number"),

@@ -204,11 +204,3 @@ class KVUsage(_message.Message):
     host_pages_used: int
     sessions: int
     def __init__(self, total_pages: _Optional[int] = ..., used_pages: _Optional[int] = ..., page_bytes: _Optional[int] = ..., host_pages_used: _Optional[int] = ..., sessions: _Optional[int] = ...) -> None: ...
-
-class ItemStatus(_message.Message):
-    __slots__ = ("code", "message")
-    CODE_FIELD_NUMBER: _ClassVar[int]
-    MESSAGE_FIELD_NUMBER: _ClassVar[int]
-    code: int
-    message: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...

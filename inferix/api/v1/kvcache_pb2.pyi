@@ -221,18 +221,6 @@ class CommitBlockResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
-class CommitBlocksRequest(_message.Message):
-    __slots__ = ("commits",)
-    COMMITS_FIELD_NUMBER: _ClassVar[int]
-    commits: _containers.RepeatedCompositeFieldContainer[CommitBlockRequest]
-    def __init__(self, commits: _Optional[_Iterable[_Union[CommitBlockRequest, _Mapping]]] = ...) -> None: ...
-
-class CommitBlocksResponse(_message.Message):
-    __slots__ = ("results",)
-    RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.ItemStatus]
-    def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.ItemStatus, _Mapping]]] = ...) -> None: ...
-
 class GetCommittedBlocksRequest(_message.Message):
     __slots__ = ("session_id", "from_block")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

@@ -80,11 +80,6 @@ class KVCacheServiceStub:
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlockRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlockResponse.FromString,
                 _registered_method=True)
-        self.CommitBlocks = channel.unary_unary(
-                '/inferix.v1.KVCacheService/CommitBlocks',
-                request_serializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlocksRequest.SerializeToString,
-                response_deserializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlocksResponse.FromString,
-                _registered_method=True)
         self.GetCommittedBlocks = channel.unary_stream(
                 '/inferix.v1.KVCacheService/GetCommittedBlocks',
                 request_serializer=inferix_dot_v1_dot_kvcache__pb2.GetCommittedBlocksRequest.SerializeToString,
@@ -171,14 +166,6 @@ class KVCacheServiceServicer:
 
     def CommitBlock(self, request, context):
         """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def CommitBlocks(self, request, context):
-        """Blocks of several sessions in one call, as a worker's batch makes them together: each committed
-        as by CommitBlock and answered on its own. UNIMPLEMENTED on releases before it (use CommitBlock).
-        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -270,11 +257,6 @@ def add_KVCacheServiceServicer_to_server(servicer, server):
                     servicer.CommitBlock,
                     request_deserializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlockRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlockResponse.SerializeToString,
-            ),
-            'CommitBlocks': grpc.unary_unary_rpc_method_handler(
-                    servicer.CommitBlocks,
-                    request_deserializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlocksRequest.FromString,
-                    response_serializer=inferix_dot_v1_dot_kvcache__pb2.CommitBlocksResponse.SerializeToString,
             ),
             'GetCommittedBlocks': grpc.unary_stream_rpc_method_handler(
                     servicer.GetCommittedBlocks,
@@ -546,33 +528,6 @@ class KVCacheService:
             '/inferix.v1.KVCacheService/CommitBlock',
             inferix_dot_v1_dot_kvcache__pb2.CommitBlockRequest.SerializeToString,
             inferix_dot_v1_dot_kvcache__pb2.CommitBlockResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CommitBlocks(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/inferix.v1.KVCacheService/CommitBlocks',
-            inferix_dot_v1_dot_kvcache__pb2.CommitBlocksRequest.SerializeToString,
-            inferix_dot_v1_dot_kvcache__pb2.CommitBlocksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from inferix.api.v1 import common_pb2 as inferix_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19inferix/v1/streamer.proto\x12\ninferix.v1\x1a\x17inferix/v1/common.proto\"\xbf\x01\n\nVideoFrame\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62lock_index\x18\x02 \x01(\r\x12\x13\n\x0b\x66rame_index\x18\x03 \x01(\r\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\'\n\x06\x66ormat\x18\x06 \x01(\x0e\x32\x17.inferix.v1.PixelFormat\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x0b\n\x03\x66ps\x18\x08 \x01(\x01\x12\x10\n\x08\x62\x61\x63kfill\x18\t \x01(\x08\":\n\x11PushFramesRequest\x12%\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x16.inferix.v1.VideoFrame\":\n\x10PushBlockRequest\x12&\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x16.inferix.v1.VideoFrame\"Q\n\x11PushBlockResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x16\n\x0e\x64urable_frames\x18\x03 \x01(\r\"A\n\x11PushBlocksRequest\x12,\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x1c.inferix.v1.PushBlockRequest\"B\n\x12PushBlocksResponse\x12,\n\x07results\x18\x01 \x03(\x0b\x32\x1b.inferix.v1.PushBlockResult\"j\n\x0fPushBlockResult\x12&\n\x06status\x18\x01 \x01(\x0b\x32\x16.inferix.v1.ItemStatus\x12/\n\x08response\x18\x02 \x01(\x0b\x32\x1d.inferix.v1.PushBlockResponse\"R\n\x12PushFramesResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x16\n\x0e\x64urable_frames\x18\x03 \x01(\r\"9\n\x13\x46inishStreamRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\"&\n\x14\x46inishStreamResponse\x12\x0e\n\x06\x66rames\x18\x01 \x01(\r\"*\n\x14GetStreamInfoRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xb5\x01\n\x15GetStreamInfoResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\x12\r\n\x05width\x18\x03 \x01(\r\x12\x0e\n\x06height\x18\x04 \x01(\r\x12\x0b\n\x03\x66ps\x18\x05 \x01(\x01\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x15\n\rframes_sha256\x18\x07 \x01(\t\x12#\n\x04live\x18\x08 \x01(\x0b\x32\x15.inferix.v1.LiveStats\"\xbb\x03\n\tLiveStats\x12\x12\n\nframes_out\x18\x01 \x01(\r\x12\x11\n\tunderruns\x18\x02 \x01(\r\x12\x18\n\x10underrun_seconds\x18\x03 \x01(\x01\x12\x1e\n\x16time_to_first_frame_ms\x18\x04 \x01(\x01\x12\x16\n\x0e\x62\x61\x63klog_frames\x18\x05 \x01(\r\x12\x0f\n\x07viewers\x18\x06 \x01(\r\x12\x12\n\nrtmp_state\x18\x07 \x01(\t\x12\x12\n\nrtmp_error\x18\x08 \x01(\t\x12\x15\n\rrtmp_connects\x18\t \x01(\r\x12@\n\x0e\x64ropped_frames\x18\n \x03(\x0b\x32(.inferix.v1.LiveStats.DroppedFramesEntry\x12:\n\x0b\x66rames_sent\x18\x0b \x03(\x0b\x32%.inferix.v1.LiveStats.FramesSentEntry\x1a\x34\n\x12\x44roppedFramesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x31\n\x0f\x46ramesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"t\n\x0bLinkRequest\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.inferix.v1.LinkHelloH\x00\x12\x32\n\x07session\x18\x02 \x01(\x0b\x32\x1f.inferix.v1.SessionAnnouncementH\x00\x42\t\n\x07message\"&\n\tLinkHello\x12\x19\n\x11scheduler_address\x18\x01 \x01(\t\"\x8a\x01\n\x13SessionAnnouncement\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04rtmp\x18\x02 \x01(\x08\x12\x0e\n\x06webrtc\x18\x03 \x01(\x08\x12\x17\n\x0f\x63reated_at_unix\x18\x04 \x01(\x01\x12(\n\x07latency\x18\x05 \x01(\x0e\x32\x17.inferix.v1.LatencyMode\"n\n\x0cLinkResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12)\n\x04kind\x18\x03 \x01(\x0e\x32\x1b.inferix.v1.OutputEventKind\x12\x0f\n\x07message\x18\x04 \x01(\t\")\n\x13GetRecordingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x14GetRecordingResponse\x12\r\n\x05\x63hunk\x18\x01 \x01(\x0c*C\n\x0bPixelFormat\x12\x1c\n\x18PIXEL_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n\x12PIXEL_FORMAT_RGB24\x10\x01*r\n\x0fOutputEventKind\x12!\n\x1dOUTPUT_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17OUTPUT_EVENT_KIND_ERROR\x10\x01\x12\x1f\n\x1bOUTPUT_EVENT_KIND_RECOVERED\x10\x02\x32\xb4\x04\n\x0fStreamerService\x12M\n\nPushFrames\x12\x1d.inferix.v1.PushFramesRequest\x1a\x1e.inferix.v1.PushFramesResponse(\x01\x12H\n\tPushBlock\x12\x1c.inferix.v1.PushBlockRequest\x1a\x1d.inferix.v1.PushBlockResponse\x12K\n\nPushBlocks\x12\x1d.inferix.v1.PushBlocksRequest\x1a\x1e.inferix.v1.PushBlocksResponse\x12Q\n\x0c\x46inishStream\x12\x1f.inferix.v1.FinishStreamRequest\x1a .inferix.v1.FinishStreamResponse\x12T\n\rGetStreamInfo\x12 .inferix.v1.GetStreamInfoRequest\x1a!.inferix.v1.GetStreamInfoResponse\x12S\n\x0cGetRecording\x12\x1f.inferix.v1.GetRecordingRequest\x1a .inferix.v1.GetRecordingResponse0\x01\x12=\n\x04Link\x12\x17.inferix.v1.LinkRequest\x1a\x18.inferix.v1.LinkResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19inferix/v1/streamer.proto\x12\ninferix.v1\x1a\x17inferix/v1/common.proto\"\xbf\x01\n\nVideoFrame\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x62lock_index\x18\x02 \x01(\r\x12\x13\n\x0b\x66rame_index\x18\x03 \x01(\r\x12\r\n\x05width\x18\x04 \x01(\r\x12\x0e\n\x06height\x18\x05 \x01(\r\x12\'\n\x06\x66ormat\x18\x06 \x01(\x0e\x32\x17.inferix.v1.PixelFormat\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\x0c\x12\x0b\n\x03\x66ps\x18\x08 \x01(\x01\x12\x10\n\x08\x62\x61\x63kfill\x18\t \x01(\x08\":\n\x11PushFramesRequest\x12%\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x16.inferix.v1.VideoFrame\":\n\x10PushBlockRequest\x12&\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x16.inferix.v1.VideoFrame\"Q\n\x11PushBlockResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x16\n\x0e\x64urable_frames\x18\x03 \x01(\r\"R\n\x12PushFramesResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\x12\x12\n\nduplicates\x18\x02 \x01(\r\x12\x16\n\x0e\x64urable_frames\x18\x03 \x01(\r\"9\n\x13\x46inishStreamRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\"&\n\x14\x46inishStreamResponse\x12\x0e\n\x06\x66rames\x18\x01 \x01(\r\"*\n\x14GetStreamInfoRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xb5\x01\n\x15GetStreamInfoResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\x12\r\n\x05width\x18\x03 \x01(\r\x12\x0e\n\x06height\x18\x04 \x01(\r\x12\x0b\n\x03\x66ps\x18\x05 \x01(\x01\x12\x10\n\x08\x66inished\x18\x06 \x01(\x08\x12\x15\n\rframes_sha256\x18\x07 \x01(\t\x12#\n\x04live\x18\x08 \x01(\x0b\x32\x15.inferix.v1.LiveStats\"\xbb\x03\n\tLiveStats\x12\x12\n\nframes_out\x18\x01 \x01(\r\x12\x11\n\tunderruns\x18\x02 \x01(\r\x12\x18\n\x10underrun_seconds\x18\x03 \x01(\x01\x12\x1e\n\x16time_to_first_frame_ms\x18\x04 \x01(\x01\x12\x16\n\x0e\x62\x61\x63klog_frames\x18\x05 \x01(\r\x12\x0f\n\x07viewers\x18\x06 \x01(\r\x12\x12\n\nrtmp_state\x18\x07 \x01(\t\x12\x12\n\nrtmp_error\x18\x08 \x01(\t\x12\x15\n\rrtmp_connects\x18\t \x01(\r\x12@\n\x0e\x64ropped_frames\x18\n \x03(\x0b\x32(.inferix.v1.LiveStats.DroppedFramesEntry\x12:\n\x0b\x66rames_sent\x18\x0b \x03(\x0b\x32%.inferix.v1.LiveStats.FramesSentEntry\x1a\x34\n\x12\x44roppedFramesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x31\n\x0f\x46ramesSentEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"t\n\x0bLinkRequest\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.inferix.v1.LinkHelloH\x00\x12\x32\n\x07session\x18\x02 \x01(\x0b\x32\x1f.inferix.v1.SessionAnnouncementH\x00\x42\t\n\x07message\"&\n\tLinkHello\x12\x19\n\x11scheduler_address\x18\x01 \x01(\t\"\x8a\x01\n\x13SessionAnnouncement\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04rtmp\x18\x02 \x01(\x08\x12\x0e\n\x06webrtc\x18\x03 \x01(\x08\x12\x17\n\x0f\x63reated_at_unix\x18\x04 \x01(\x01\x12(\n\x07latency\x18\x05 \x01(\x0e\x32\x17.inferix.v1.LatencyMode\"n\n\x0cLinkResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12)\n\x04kind\x18\x03 \x01(\x0e\x32\x1b.inferix.v1.OutputEventKind\x12\x0f\n\x07message\x18\x04 \x01(\t\")\n\x13GetRecordingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"%\n\x14GetRecordingResponse\x12\r\n\x05\x63hunk\x18\x01 \x01(\x0c*C\n\x0bPixelFormat\x12\x1c\n\x18PIXEL_FORMAT_UNSPECIFIED\x10\x00\x12\x16\n\x12PIXEL_FORMAT_RGB24\x10\x01*r\n\x0fOutputEventKind\x12!\n\x1dOUTPUT_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17OUTPUT_EVENT_KIND_ERROR\x10\x01\x12\x1f\n\x1bOUTPUT_EVENT_KIND_RECOVERED\x10\x02\x32\xe7\x03\n\x0fStreamerService\x12M\n\nPushFrames\x12\x1d.inferix.v1.PushFramesRequest\x1a\x1e.inferix.v1.PushFramesResponse(\x01\x12H\n\tPushBlock\x12\x1c.inferix.v1.PushBlockRequest\x1a\x1d.inferix.v1.PushBlockResponse\x12Q\n\x0c\x46inishStream\x12\x1f.inferix.v1.FinishStreamRequest\x1a .inferix.v1.FinishStreamResponse\x12T\n\rGetStreamInfo\x12 .inferix.v1.GetStreamInfoRequest\x1a!.inferix.v1.GetStreamInfoResponse\x12S\n\x0cGetRecording\x12\x1f.inferix.v1.GetRecordingRequest\x1a .inferix.v1.GetRecordingResponse0\x01\x12=\n\x04Link\x12\x17.inferix.v1.LinkRequest\x1a\x18.inferix.v1.LinkResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,10 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LIVESTATS_DROPPEDFRAMESENTRY']._serialized_options = b'8\001'
   _globals['_LIVESTATS_FRAMESSENTENTRY']._loaded_options = None
   _globals['_LIVESTATS_FRAMESSENTENTRY']._serialized_options = b'8\001'
-  _globals['_PIXELFORMAT']._serialized_start=2056
-  _globals['_PIXELFORMAT']._serialized_end=2123
-  _globals['_OUTPUTEVENTKIND']._serialized_start=2125
-  _globals['_OUTPUTEVENTKIND']._serialized_end=2239
+  _globals['_PIXELFORMAT']._serialized_start=1813
+  _globals['_PIXELFORMAT']._serialized_end=1880
+  _globals['_OUTPUTEVENTKIND']._serialized_start=1882
+  _globals['_OUTPUTEVENTKIND']._serialized_end=1996
   _globals['_VIDEOFRAME']._serialized_start=67
   _globals['_VIDEOFRAME']._serialized_end=258
   _globals['_PUSHFRAMESREQUEST']._serialized_start=260
@@ -48,40 +48,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUSHBLOCKREQUEST']._serialized_end=378
   _globals['_PUSHBLOCKRESPONSE']._serialized_start=380
   _globals['_PUSHBLOCKRESPONSE']._serialized_end=461
-  _globals['_PUSHBLOCKSREQUEST']._serialized_start=463
-  _globals['_PUSHBLOCKSREQUEST']._serialized_end=528
-  _globals['_PUSHBLOCKSRESPONSE']._serialized_start=530
-  _globals['_PUSHBLOCKSRESPONSE']._serialized_end=596
-  _globals['_PUSHBLOCKRESULT']._serialized_start=598
-  _globals['_PUSHBLOCKRESULT']._serialized_end=704
-  _globals['_PUSHFRAMESRESPONSE']._serialized_start=706
-  _globals['_PUSHFRAMESRESPONSE']._serialized_end=788
-  _globals['_FINISHSTREAMREQUEST']._serialized_start=790
-  _globals['_FINISHSTREAMREQUEST']._serialized_end=847
-  _globals['_FINISHSTREAMRESPONSE']._serialized_start=849
-  _globals['_FINISHSTREAMRESPONSE']._serialized_end=887
-  _globals['_GETSTREAMINFOREQUEST']._serialized_start=889
-  _globals['_GETSTREAMINFOREQUEST']._serialized_end=931
-  _globals['_GETSTREAMINFORESPONSE']._serialized_start=934
-  _globals['_GETSTREAMINFORESPONSE']._serialized_end=1115
-  _globals['_LIVESTATS']._serialized_start=1118
-  _globals['_LIVESTATS']._serialized_end=1561
-  _globals['_LIVESTATS_DROPPEDFRAMESENTRY']._serialized_start=1458
-  _globals['_LIVESTATS_DROPPEDFRAMESENTRY']._serialized_end=1510
-  _globals['_LIVESTATS_FRAMESSENTENTRY']._serialized_start=1512
-  _globals['_LIVESTATS_FRAMESSENTENTRY']._serialized_end=1561
-  _globals['_LINKREQUEST']._serialized_start=1563
-  _globals['_LINKREQUEST']._serialized_end=1679
-  _globals['_LINKHELLO']._serialized_start=1681
-  _globals['_LINKHELLO']._serialized_end=1719
-  _globals['_SESSIONANNOUNCEMENT']._serialized_start=1722
-  _globals['_SESSIONANNOUNCEMENT']._serialized_end=1860
-  _globals['_LINKRESPONSE']._serialized_start=1862
-  _globals['_LINKRESPONSE']._serialized_end=1972
-  _globals['_GETRECORDINGREQUEST']._serialized_start=1974
-  _globals['_GETRECORDINGREQUEST']._serialized_end=2015
-  _globals['_GETRECORDINGRESPONSE']._serialized_start=2017
-  _globals['_GETRECORDINGRESPONSE']._serialized_end=2054
-  _globals['_STREAMERSERVICE']._serialized_start=2242
-  _globals['_STREAMERSERVICE']._serialized_end=2806
+  _globals['_PUSHFRAMESRESPONSE']._serialized_start=463
+  _globals['_PUSHFRAMESRESPONSE']._serialized_end=545
+  _globals['_FINISHSTREAMREQUEST']._serialized_start=547
+  _globals['_FINISHSTREAMREQUEST']._serialized_end=604
+  _globals['_FINISHSTREAMRESPONSE']._serialized_start=606
+  _globals['_FINISHSTREAMRESPONSE']._serialized_end=644
+  _globals['_GETSTREAMINFOREQUEST']._serialized_start=646
+  _globals['_GETSTREAMINFOREQUEST']._serialized_end=688
+  _globals['_GETSTREAMINFORESPONSE']._serialized_start=691
+  _globals['_GETSTREAMINFORESPONSE']._serialized_end=872
+  _globals['_LIVESTATS']._serialized_start=875
+  _globals['_LIVESTATS']._serialized_end=1318
+  _globals['_LIVESTATS_DROPPEDFRAMESENTRY']._serialized_start=1215
+  _globals['_LIVESTATS_DROPPEDFRAMESENTRY']._serialized_end=1267
+  _globals['_LIVESTATS_FRAMESSENTENTRY']._serialized_start=1269
+  _globals['_LIVESTATS_FRAMESSENTENTRY']._serialized_end=1318
+  _globals['_LINKREQUEST']._serialized_start=1320
+  _globals['_LINKREQUEST']._serialized_end=1436
+  _globals['_LINKHELLO']._serialized_start=1438
+  _globals['_LINKHELLO']._serialized_end=1476
+  _globals['_SESSIONANNOUNCEMENT']._serialized_start=1479
+  _globals['_SESSIONANNOUNCEMENT']._serialized_end=1617
+  _globals['_LINKRESPONSE']._serialized_start=1619
+  _globals['_LINKRESPONSE']._serialized_end=1729
+  _globals['_GETRECORDINGREQUEST']._serialized_start=1731
+  _globals['_GETRECORDINGREQUEST']._serialized_end=1772
+  _globals['_GETRECORDINGRESPONSE']._serialized_start=1774
+  _globals['_GETRECORDINGRESPONSE']._serialized_end=1811
+  _globals['_STREAMERSERVICE']._serialized_start=1999
+  _globals['_STREAMERSERVICE']._serialized_end=2486
 # @@protoc_insertion_point(module_scope)

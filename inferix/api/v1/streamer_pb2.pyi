@@ -68,26 +68,6 @@ class PushBlockResponse(_message.Message):
     durable_frames: int
     def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ..., durable_frames: _Optional[int] = ...) -> None: ...
 
-class PushBlocksRequest(_message.Message):
-    __slots__ = ("blocks",)
-    BLOCKS_FIELD_NUMBER: _ClassVar[int]
-    blocks: _containers.RepeatedCompositeFieldContainer[PushBlockRequest]
-    def __init__(self, blocks: _Optional[_Iterable[_Union[PushBlockRequest, _Mapping]]] = ...) -> None: ...
-
-class PushBlocksResponse(_message.Message):
-    __slots__ = ("results",)
-    RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[PushBlockResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[PushBlockResult, _Mapping]]] = ...) -> None: ...
-
-class PushBlockResult(_message.Message):
-    __slots__ = ("status", "response")
-    STATUS_FIELD_NUMBER: _ClassVar[int]
-    RESPONSE_FIELD_NUMBER: _ClassVar[int]
-    status: _common_pb2.ItemStatus
-    response: PushBlockResponse
-    def __init__(self, status: _Optional[_Union[_common_pb2.ItemStatus, _Mapping]] = ..., response: _Optional[_Union[PushBlockResponse, _Mapping]] = ...) -> None: ...
-
 class PushFramesResponse(_message.Message):
     __slots__ = ("accepted", "duplicates", "durable_frames")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]

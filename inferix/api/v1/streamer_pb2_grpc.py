@@ -45,11 +45,6 @@ class StreamerServiceStub:
                 request_serializer=inferix_dot_v1_dot_streamer__pb2.PushBlockRequest.SerializeToString,
                 response_deserializer=inferix_dot_v1_dot_streamer__pb2.PushBlockResponse.FromString,
                 _registered_method=True)
-        self.PushBlocks = channel.unary_unary(
-                '/inferix.v1.StreamerService/PushBlocks',
-                request_serializer=inferix_dot_v1_dot_streamer__pb2.PushBlocksRequest.SerializeToString,
-                response_deserializer=inferix_dot_v1_dot_streamer__pb2.PushBlocksResponse.FromString,
-                _registered_method=True)
         self.FinishStream = channel.unary_unary(
                 '/inferix.v1.StreamerService/FinishStream',
                 request_serializer=inferix_dot_v1_dot_streamer__pb2.FinishStreamRequest.SerializeToString,
@@ -87,14 +82,6 @@ class StreamerServiceServicer:
     def PushBlock(self, request, context):
         """A block's decoded frames in one call, as workers push them: the same admission as PushFrames,
         frame by frame in order, without a streaming call's per-message cost.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def PushBlocks(self, request, context):
-        """Blocks of several sessions in one call, as a worker's batch makes them together: each admitted
-        as by PushBlock and answered on its own. UNIMPLEMENTED on releases before it (use PushBlock).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,11 +129,6 @@ def add_StreamerServiceServicer_to_server(servicer, server):
                     servicer.PushBlock,
                     request_deserializer=inferix_dot_v1_dot_streamer__pb2.PushBlockRequest.FromString,
                     response_serializer=inferix_dot_v1_dot_streamer__pb2.PushBlockResponse.SerializeToString,
-            ),
-            'PushBlocks': grpc.unary_unary_rpc_method_handler(
-                    servicer.PushBlocks,
-                    request_deserializer=inferix_dot_v1_dot_streamer__pb2.PushBlocksRequest.FromString,
-                    response_serializer=inferix_dot_v1_dot_streamer__pb2.PushBlocksResponse.SerializeToString,
             ),
             'FinishStream': grpc.unary_unary_rpc_method_handler(
                     servicer.FinishStream,
@@ -224,33 +206,6 @@ class StreamerService:
             '/inferix.v1.StreamerService/PushBlock',
             inferix_dot_v1_dot_streamer__pb2.PushBlockRequest.SerializeToString,
             inferix_dot_v1_dot_streamer__pb2.PushBlockResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def PushBlocks(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/inferix.v1.StreamerService/PushBlocks',
-            inferix_dot_v1_dot_streamer__pb2.PushBlocksRequest.SerializeToString,
-            inferix_dot_v1_dot_streamer__pb2.PushBlocksResponse.FromString,
             options,
             channel_credentials,
             insecure,
