@@ -10,13 +10,13 @@ largest size measured (`measured_up_to`): the line beyond it is an extrapolation
 may not carry what served blocks do (a probe block is not published nor committed), and a worker
 that claimed 24 streams from 8 probe sessions served 8 (bench/RESULTS.md, issue 38). One past lets
 the claim grow as the worker serves more sessions at once, a session at a time. The headroom is
-there because a probe block is faster than a served one (the event loop's RPCs for publishing and
-commits hold the GIL that the engine thread needs between operators: served blocks took 1.1-1.2x the
-engine's own at 8 sessions at one torch thread, bench/RESULTS.md, issue 38), and because a stream
-whose blocks take its whole budget has no slack for one slow block. With a single size measured it
-assumes no further batching gain (L grows in proportion to N), which errs on the safe side. An
-operator may pin the streams instead (`pinned_streams`, e.g. to leave more headroom); latencies are
-still measured and reported.
+there because a probe block is faster than a served one (the worker's event loop, busy with the
+block's RPCs, holds the GIL that the engine thread needs between operators: served blocks took
+1.1-1.2x the engine's own at 8 sessions at one torch thread, bench/RESULTS.md, issue 38), and
+because a stream whose blocks take its whole budget has no slack for one slow block. With a single
+size measured it assumes no further batching gain (L grows in proportion to N), which errs on the
+safe side. An operator may pin the streams instead (`pinned_streams`, e.g. to leave more headroom);
+latencies are still measured and reported.
 """
 
 from __future__ import annotations
